@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`. Both create or reuse
+# the virtualenv and install what is missing (a stamp file makes it idempotent).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fedsim-installed
+export RAY_DEDUP_LOGS ?= 0
+export FLWR_TELEMETRY_ENABLED ?= 0
+
+.PHONY: install demo test lint bench lock
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/fedsim run scenarios/quickstart.toml
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest -q
+
+lock: install
+	(echo "# Exact versions CI tests; the Makefile installs with -c constraints.txt. Regenerate with: make lock"; \
+	 $(PY) -m pip freeze --exclude-editable | grep -v '^fedsim') > constraints.txt

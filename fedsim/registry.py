@@ -1,0 +1,85 @@
+"""One registry pattern for everything a scenario names by string.
+
+Strategies, client routines, attacks, datasets, partitioners, models and init
+schemes each live in a :class:`Registry`. A module registers its component with
+``@REGISTRY.register("name")``; the registry imports its home package lazily on
+the first lookup, so adding a component means writing one module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError):
+    """A scenario or CLI named a component that is not registered."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """Maps names to components of one kind.
+
+    Parameters
+    ----------
+    kind:
+        What the registry holds, used in error messages ("strategy").
+    packages:
+        Packages whose submodules are imported before the first lookup so
+        that their ``@register`` decorators have run.
+    """
+
+    def __init__(self, kind: str, packages: tuple[str, ...] = ()) -> None:
+        self.kind = kind
+        self._packages = packages
+        self._entries: dict[str, T] = {}
+        self._discovered = False
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name``."""
+
+        def decorator(obj: T) -> T:
+            if name in self._entries and self._entries[name] is not obj:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._entries[name] = obj
+            return obj
+
+        return decorator
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        for package_name in self._packages:
+            package = importlib.import_module(package_name)
+            for module in pkgutil.iter_modules(package.__path__):
+                if not module.name.startswith("_"):
+                    importlib.import_module(f"{package_name}.{module.name}")
+
+    def get(self, name: str) -> T:
+        """Return the component called ``name`` or raise a clear error."""
+        self._discover()
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}"
+            ) from None
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        self._discover()
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        self._discover()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
