@@ -1,0 +1,43 @@
+"""The ``fedsim`` command line: ``fedsim <command> ...``.
+
+Each subcommand is a module in :mod:`fedsim.commands`. Bad input (a
+:class:`~fedsim.config.ScenarioError`) prints one line naming the key, the
+value and what is allowed, and exits with status 2 before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from fedsim.commands import COMMANDS
+from fedsim.config import ScenarioError
+from fedsim.registry import UnknownNameError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedsim",
+        description="Federated-learning simulations on Flower with a per-round privacy audit.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS.names():
+        command = COMMANDS.get(name)
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS.get(args.command).run(args)
+    except (ScenarioError, UnknownNameError) as err:
+        print(f"fedsim: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
