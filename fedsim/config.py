@@ -84,7 +84,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if tp in (str, bool):
         require(isinstance(value, tp), key, value, f"must be {_describe(tp)}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         require(isinstance(value, Mapping), key, value, "must be a table")
         return parse_table(tp, value, key)
     if tp is dict or get_origin(tp) is dict:

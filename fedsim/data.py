@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,8 +99,8 @@ DATASETS: Registry[Loader] = Registry("dataset")
 
 
 def _site_packages_file(module: str, *parts: str) -> Path:
-    package = __import__(module)
-    return Path(package.__file__).parent.joinpath(*parts)
+    package = importlib.import_module(module)
+    return Path(str(package.__file__)).parent.joinpath(*parts)
 
 
 @DATASETS.register("mnist-embedded")
@@ -190,14 +192,14 @@ def _torchvision(dataset_class: str, layout_folder: str | None = None) -> Loader
                 "or set data.download = true on a machine with a network",
             ) from None
 
-        def arrays(ds: object) -> tuple[np.ndarray, np.ndarray]:
-            data = getattr(ds, "data")
+        def arrays(ds: Any) -> tuple[np.ndarray, np.ndarray]:
+            data = ds.data
             images = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
             if dataset_class == "SVHN":
                 images = images.transpose(0, 2, 3, 1)
             labels = getattr(ds, "labels", None)
             if labels is None:
-                labels = getattr(ds, "targets")
+                labels = ds.targets
             return images.astype(np.float32) / 255.0, np.asarray(labels, dtype=np.int64)
 
         (xtr, ytr), (xte, yte) = arrays(train), arrays(test)

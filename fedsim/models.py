@@ -164,7 +164,7 @@ def resnet18_sigmoid(spec: InputSpec) -> SplitNet:
     return _resnet18(spec, nn.Sigmoid)
 
 
-def _weight_layers(model: nn.Module) -> list[nn.Module]:
+def _weight_layers(model: nn.Module) -> list[nn.Conv2d | nn.Linear | nn.ConvTranspose2d]:
     return [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear | nn.ConvTranspose2d)]
 
 

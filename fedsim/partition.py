@@ -137,6 +137,6 @@ def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[Cli
         local = np.random.default_rng([seed, 2, client]).permutation(indices)
         if cfg.samples_per_client:
             local = local[: cfg.samples_per_client]
-        num_test = int(round(cfg.test_fraction * len(local)))
+        num_test = round(cfg.test_fraction * len(local))
         splits.append(ClientSplit(train=np.sort(local[num_test:]), test=np.sort(local[:num_test])))
     return tuple(splits)

@@ -1,0 +1,53 @@
+"""The one Flower ``ClientApp``: routes each message to the strategy's routine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients import CLIENT_ROUTINES
+from clients.base import ClientEnv
+from fedsim.config import Scenario
+
+PARTITION_KEY = "partition-id"
+
+
+def build_client_app(
+    scenario: Scenario, routine_name: str, state_dir: Path | None = None
+) -> ClientApp:
+    """A ``ClientApp`` that runs ``routine_name`` for ``scenario``.
+
+    Every reply carries the client's partition id in its metrics: the server
+    only sees node ids, and records results per partition.
+    """
+    app = ClientApp()
+    routine = CLIENT_ROUTINES.get(routine_name)()
+
+    def env_of(context: Context) -> ClientEnv:
+        partition = int(context.node_config[PARTITION_KEY])
+        return ClientEnv.create(scenario, partition, context.state, state_dir)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        env = env_of(context)
+        arrays, metrics = routine.train(env, msg.content["arrays"], msg.content["config"])
+        metrics[PARTITION_KEY] = env.partition_id
+        content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        env = env_of(context)
+        metrics = routine.evaluate(env, msg.content["arrays"], msg.content["config"])
+        metrics[PARTITION_KEY] = env.partition_id
+        return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        # Discovery: the server maps node ids to partitions once, at start-up.
+        metrics = MetricRecord({PARTITION_KEY: int(context.node_config[PARTITION_KEY])})
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
