@@ -1,0 +1,141 @@
+"""Scenario validation: every bad input stops with one clear message, before Ray."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from fedsim.cli import main
+from fedsim.config import ScenarioError, apply_overrides, load_scenario, scenario_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _with(table: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    raw = copy.deepcopy(table)
+    return apply_overrides(raw, [f"{path}={value}"])
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "key", "fragment"),
+    [
+        ("strategy.name", '"fedmagic"', "strategy", "allowed: "),
+        ("data.dataset", '"imagenet"', "data.dataset", "mnist-embedded"),
+        ("model.name", '"vgg"', "model.name", "lenet-zhu"),
+        ("model.init", '"orthogonal"', "model.init", "xavier-normal"),
+        ("data.partitioner.name", '"zipf"', "data.partitioner", "dirichlet"),
+        ("data.partitioner", '{name = "dirichlet", alpha = 0.0}', "data.partitioner.alpha", "> 0"),
+        ("data.partitioner", '{name = "dirichlet", alpha = -1.0}', "data.partitioner.alpha", "> 0"),
+        ("federation.clients-per-round", "4", "federation.clients-per-round", "between 1"),
+        ("federation.num-clients", '"three"', "federation.num-clients", "an integer"),
+        ("federation.rounds", "1.5", "federation.rounds", "an integer"),
+        ("client.lr", "-0.1", "client.lr", "> 0"),
+        ("client.optimizer", '"rmsprop"', "client.optimizer", "'sgd'"),
+        ("client.batch-size", "true", "client.batch-size", "an integer"),
+        ("federation.colour", '"blue"', "federation.colour", "unknown key"),
+        ("backend.num-gpus", "0.5", "backend.num-gpus", "without a CUDA GPU"),
+        ("data.dataset", '"cifar10"', "data.root", "needs a local root"),
+    ],
+)
+def test_bad_input_names_key_value_and_allowed(
+    quick_scenario_table: dict[str, Any], path: str, value: str, key: str, fragment: str
+) -> None:
+    raw = _with(quick_scenario_table, path, value)
+    if path == "backend.num-gpus":
+        pytest.importorskip("torch")
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict(raw)
+
+    assert info.value.key == key
+    assert fragment in str(info.value)
+
+
+def test_unknown_top_level_table_is_an_error(quick_scenario_table: dict[str, Any]) -> None:
+    raw = {**quick_scenario_table, "federaton": {"rounds": 2}}
+
+    with pytest.raises(ScenarioError, match="federaton.*unknown key"):
+        scenario_from_dict(raw)
+
+
+def test_dataset_root_without_data(quick_scenario_table: dict[str, Any], tmp_path: Path) -> None:
+    raw = _with(quick_scenario_table, "data.dataset", '"fashion-mnist"')
+    raw = _with(raw, "data.root", f'"{tmp_path}"')
+
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict(raw)
+
+    assert info.value.key == "data.root"
+    assert "holds no fashion-mnist data" in str(info.value)
+
+
+def test_overrides_parse_toml_values(quick_scenario_table: dict[str, Any]) -> None:
+    raw = apply_overrides(
+        copy.deepcopy(quick_scenario_table),
+        ["federation.rounds=7", "client.lr=0.5", "data.partitioner.name=shards", "name=other"],
+    )
+
+    scenario = scenario_from_dict(raw)
+
+    assert scenario.federation.rounds == 7
+    assert scenario.client.lr == 0.5
+    assert scenario.data.partitioner.name == "shards"
+    assert scenario.name == "other"
+
+
+def test_shipped_scenarios_load() -> None:
+    for path in sorted((REPO / "scenarios").glob("*.toml")):
+        scenario = load_scenario(path)
+        assert scenario.name
+
+
+def test_cli_exits_nonzero_with_one_line_before_ray(
+    tmp_path: Path, quick_scenario_table: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        tomli_w.dumps(
+            _with(quick_scenario_table, "data.partitioner", "{name='dirichlet', alpha=0.0}")
+        )
+    )
+
+    code = main(["run", str(path), "--out", str(tmp_path / "run")])
+
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == ["fedsim: error: data.partitioner.alpha = 0.0: must be > 0"]
+    assert not (tmp_path / "run").exists()
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+
+
+def test_console_script_reports_bad_set_value(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsim.cli",
+            "run",
+            str(REPO / "scenarios" / "quickstart.toml"),
+            "--set",
+            "federation.clients-per-round=9",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert result.returncode == 2
+    assert "federation.clients-per-round = 9" in result.stderr
+    assert "between 1 and num-clients (4)" in result.stderr
