@@ -64,7 +64,7 @@ def test_bad_input_names_key_value_and_allowed(
 def test_unknown_top_level_table_is_an_error(quick_scenario_table: dict[str, Any]) -> None:
     raw = {**quick_scenario_table, "federaton": {"rounds": 2}}
 
-    with pytest.raises(ScenarioError, match="federaton.*unknown key"):
+    with pytest.raises(ScenarioError, match=r"federaton.*unknown key"):
         scenario_from_dict(raw)
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import copy
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-import tomllib
 import torch
 
 from fedsim.config import scenario_from_dict
