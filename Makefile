@@ -6,7 +6,9 @@ STAMP := $(VENV)/.fedsim-installed
 export RAY_DEDUP_LOGS ?= 0
 export FLWR_TELEMETRY_ENABLED ?= 0
 
-.PHONY: install demo test lint bench lock
+FMNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: install demo test lint lock fmnist
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +19,11 @@ install: $(STAMP)
 
 demo: install
 	$(VENV)/bin/fedsim run scenarios/quickstart.toml
+
+# Full Fashion-MNIST from Debian, for the scenarios/fmnist4-*.toml runs.
+fmnist: $(FMNIST)/train-images-idx3-ubyte.gz
+$(FMNIST)/train-images-idx3-ubyte.gz:
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q dataset-fashion-mnist
 
 lint: install
 	$(VENV)/bin/ruff check .
