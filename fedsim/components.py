@@ -48,4 +48,11 @@ def validate_scenario(scenario: Scenario) -> None:
     component_params(strategy, scenario.strategy, "strategy")
     strategy.check_scenario(scenario)
     check_gpu_request(scenario.backend.num_gpus, "backend.num-gpus")
+    if scenario.audit.enabled:
+        from attacks import ATTACKS
+
+        for i, attack in enumerate(scenario.audit.attacks):
+            key = f"audit.attacks[{i}]"
+            component_params(lookup(ATTACKS, attack.name, key), attack, key)
+        check_gpu_request(scenario.audit.num_gpus, "audit.num-gpus")
     check_dataset_available(scenario.data)

@@ -304,6 +304,55 @@ class BackendConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """The honest-but-curious server's per-round privacy audit (off by default).
+
+    ``attacks`` are tables ``{name = "dlg", <that attack's parameters>}``.
+    Rounds: the listed ``rounds``, else every ``every``-th round. Victims: the
+    listed partitions ``victim-ids`` when sampled, else ``victims`` random
+    sampled clients (0 = every sampled client).
+    """
+
+    enabled: bool = False
+    attacks: tuple[ComponentConfig, ...] = (ComponentConfig("dlg"),)
+    threat_model: Literal["update", "probe"] = "update"
+    probe_batch_size: int = 1
+    rounds: tuple[int, ...] = ()
+    every: int = 1
+    victims: int = 1
+    victim_ids: tuple[int, ...] = ()
+    mode: Literal["sync", "async"] = "sync"
+    workers: int = 1
+    threads_per_attack: int = 1
+    num_gpus: float = 0.0
+    max_images: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(len(self.attacks) >= 1, "attacks", self.attacks, "list at least one attack")
+        require(
+            self.probe_batch_size >= 1, "probe-batch-size", self.probe_batch_size, "must be >= 1"
+        )
+        require(all(r >= 1 for r in self.rounds), "rounds", self.rounds, "rounds are >= 1")
+        require(self.every >= 1, "every", self.every, "must be >= 1")
+        require(self.victims >= 0, "victims", self.victims, "must be >= 0 (0 = all sampled)")
+        require(self.workers >= 1, "workers", self.workers, "must be >= 1")
+        require(
+            self.threads_per_attack >= 1,
+            "threads-per-attack",
+            self.threads_per_attack,
+            "must be >= 1",
+        )
+        require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
+        require(self.max_images >= 1, "max-images", self.max_images, "must be >= 1")
+
+    def audits_round(self, server_round: int) -> bool:
+        if self.rounds:
+            return server_round in self.rounds
+        return server_round % self.every == 0
+
+
+@dataclass(frozen=True)
 class OutputConfig:
     """Where run directories go."""
 
@@ -322,6 +371,7 @@ class Scenario:
     strategy: ComponentConfig = ComponentConfig("fedavg")
     client: ClientConfig = ClientConfig()
     backend: BackendConfig = BackendConfig()
+    audit: AuditConfig = AuditConfig()
     output: OutputConfig = OutputConfig()
 
 
@@ -361,12 +411,26 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     strategy = _component(tables.pop("strategy", None), "strategy", "fedavg")
     data_table = dict(tables.pop("data", {}) or {})
     partitioner = _component(data_table.pop("partitioner", None), "data.partitioner", "iid")
-    scenario = parse_table(Scenario, {**tables, "data": data_table})
+    audit_table = dict(tables.pop("audit", {}) or {})
+    attack_tables = audit_table.pop("attacks", None)
+    scenario = parse_table(Scenario, {**tables, "data": data_table, "audit": audit_table})
     scenario = dataclasses.replace(
         scenario,
         strategy=strategy,
         data=dataclasses.replace(scenario.data, partitioner=partitioner),
     )
+    if attack_tables is not None:
+        require(
+            isinstance(attack_tables, list),
+            "audit.attacks",
+            attack_tables,
+            "must be a list of attack tables",
+        )
+        attacks = tuple(
+            _component(t, f"audit.attacks[{i}]", "dlg") for i, t in enumerate(attack_tables)
+        )
+        audit = dataclasses.replace(scenario.audit, attacks=attacks)  # re-runs the checks
+        scenario = dataclasses.replace(scenario, audit=audit)
     from fedsim.components import validate_scenario  # registries import config
 
     validate_scenario(scenario)
@@ -393,6 +457,10 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         parent = table
         for part in path[:-1]:
             parent = parent[part]
-        component = parent[path[-1]]
-        parent[path[-1]] = {"name": component["name"], **component.get("params", {})}
+        parent[path[-1]] = _inline_component(parent[path[-1]])
+    table["audit"]["attacks"] = [_inline_component(a) for a in table["audit"]["attacks"]]
     return typing.cast(dict[str, Any], table)
+
+
+def _inline_component(component: dict[str, Any]) -> dict[str, Any]:
+    return {"name": component["name"], **component.get("params", {})}
