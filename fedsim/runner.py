@@ -15,6 +15,8 @@ from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
 from clients.app import build_client_app
+from fedsim.audit.auditor import AUDIT_RESOURCE, Auditor
+from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.components import component_params
 from fedsim.config import Scenario
 from fedsim.data import load_dataset
@@ -49,8 +51,11 @@ def backend_config(scenario: Scenario) -> dict[str, Any]:
     if backend.address:
         init_args["address"] = backend.address
     else:
+        if scenario.audit.enabled:
+            init_args["resources"] = {AUDIT_RESOURCE: scenario.audit.workers}
         init_args["num_cpus"] = backend.ray_cpus or os.cpu_count() or 1
-        init_args["num_gpus"] = 0 if backend.num_gpus == 0 else None
+        wants_gpu = backend.num_gpus > 0 or (scenario.audit.enabled and scenario.audit.num_gpus > 0)
+        init_args["num_gpus"] = None if wants_gpu else 0
         init_args = {k: v for k, v in init_args.items() if v is not None}
     return {
         "client_resources": {"num_cpus": backend.num_cpus, "num_gpus": backend.num_gpus},
@@ -101,15 +106,26 @@ def run_scenario(
                 grid, fed.seed, fed.sampled_per_round, fed.evaluate_fraction
             )
             strategy = strategy_cls(params, sampler, server)
-            final = run_rounds(
-                strategy,
-                grid,
-                strategy.initial_arrays(),
-                range(1, fed.rounds + 1),
-                train_config=client_config_record(scenario.client),
-                evaluate_config={},
-                callbacks=(recorder, *callbacks),
-            )
+            observers: tuple[Auditor, ...] = ()
+            if scenario.audit.enabled:
+                auditor = Auditor(
+                    scenario, server.bundle, strategy_cls.client_routine, run_dir, console
+                )
+                strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
+            try:
+                final = run_rounds(
+                    strategy,
+                    grid,
+                    strategy.initial_arrays(),
+                    range(1, fed.rounds + 1),
+                    train_config=client_config_record(scenario.client),
+                    evaluate_config={},
+                    # The auditor adds its round means before the recorder writes the row.
+                    callbacks=(*observers, recorder, *callbacks),
+                )
+            finally:
+                for observer in observers:
+                    observer.finish()
             outcome.put(final)
         except BaseException as err:  # re-raised in the caller's thread below
             outcome.put(err)

@@ -1,0 +1,75 @@
+"""A strategy wrapper that lets the audit see what the server receives.
+
+Like Flower's differential-privacy wrappers, :class:`AuditedStrategy` wraps
+any ``Strategy`` and delegates every call. It records the model and config it
+sends in ``configure_train`` and passes the very same reply messages, in the
+same order, to the wrapped ``aggregate_train``; the auditor only reads them,
+so the aggregate is bit-identical with and without the audit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+
+class ReplyObserver(Protocol):
+    """Receives what the server sent and got back in one training round."""
+
+    def observe_round(
+        self,
+        server_round: int,
+        sent_arrays: ArrayRecord,
+        sent_config: ConfigRecord,
+        replies: list[Message],
+    ) -> None: ...
+
+
+class AuditedStrategy(Strategy):
+    """Delegates to ``inner``; shows each training round to ``observer``."""
+
+    def __init__(self, inner: Strategy, observer: ReplyObserver) -> None:
+        self.inner = inner
+        self.observer = observer
+        self._sent: tuple[ArrayRecord, ConfigRecord] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # evaluate_global, initial_arrays, checkpoint hooks, ... of the wrapped strategy.
+        return getattr(self.inner, name)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        messages = list(self.inner.configure_train(server_round, arrays, config, grid))
+        if messages:
+            # What actually went out (a strategy may send a subset of the model).
+            first = messages[0].content
+            self._sent = (first.array_records["arrays"], first.config_records["config"])
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        result = self.inner.aggregate_train(server_round, replies)
+        if self._sent is not None:
+            ok = [r for r in replies if not r.has_error()]
+            self.observer.observe_round(server_round, *self._sent, ok)
+        return result
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.inner.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        self.inner.summary()
