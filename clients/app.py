@@ -9,7 +9,9 @@ from flwr.clientapp import ClientApp
 
 from clients import CLIENT_ROUTINES
 from clients.base import ClientEnv
+from clients.defences import train_defended
 from fedsim.config import Scenario
+from fedsim.failures import inject_failures
 
 PARTITION_KEY = "partition-id"
 
@@ -20,9 +22,10 @@ def build_client_app(
     """A ``ClientApp`` that runs ``routine_name`` for ``scenario``.
 
     Every reply carries the client's partition id in its metrics: the server
-    only sees node ids, and records results per partition.
+    only sees node ids, and records results per partition. Messages the server
+    marked with an injected failure fail in the mod (:mod:`fedsim.failures`).
     """
-    app = ClientApp()
+    app = ClientApp(mods=[inject_failures])
     routine = CLIENT_ROUTINES.get(routine_name)()
 
     def env_of(context: Context) -> ClientEnv:
@@ -32,7 +35,8 @@ def build_client_app(
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         env = env_of(context)
-        arrays, metrics = routine.train(env, msg.content["arrays"], msg.content["config"])
+        # The scenario's defences act inside the client, before the reply leaves it.
+        arrays, metrics = train_defended(routine, env, msg.content["arrays"], msg.content["config"])
         metrics[PARTITION_KEY] = env.partition_id
         content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)

@@ -353,6 +353,32 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class FailureConfig:
+    """Reply deadline, injected client failures, and how many replies a round needs.
+
+    Each round ``fraction`` of the sampled clients (rounded half up) fail, chosen
+    from the seed and the round: ``raise`` makes them raise, ``timeout`` keeps them
+    silent past the reply deadline (``timeout`` seconds per phase). ``min-replies``
+    (a fraction of the sampled clients) overrides the strategy's own threshold.
+    """
+
+    fraction: float = 0.0
+    kind: Literal["raise", "timeout"] = "raise"
+    timeout: float = 3600.0
+    min_replies: float | None = None
+
+    def __post_init__(self) -> None:
+        require(0 <= self.fraction <= 1, "fraction", self.fraction, "must be in [0, 1]")
+        require(self.timeout > 0, "timeout", self.timeout, "must be > 0 (seconds)")
+        require(
+            self.min_replies is None or 0 < self.min_replies <= 1,
+            "min-replies",
+            self.min_replies,
+            "must be in (0, 1] (a fraction of the sampled clients)",
+        )
+
+
+@dataclass(frozen=True)
 class OutputConfig:
     """Where run directories go."""
 
@@ -372,6 +398,7 @@ class Scenario:
     client: ClientConfig = ClientConfig()
     backend: BackendConfig = BackendConfig()
     audit: AuditConfig = AuditConfig()
+    failures: FailureConfig = FailureConfig()
     output: OutputConfig = OutputConfig()
 
 

@@ -19,6 +19,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from fedsim.config import Scenario
 from fedsim.data import DatasetBundle
+from fedsim.failures import TooFewReplies, required_replies
 from fedsim.models import InputSpec, SplitNet, build_model
 from fedsim.training import evaluate
 from strategies import STRATEGIES
@@ -75,6 +76,10 @@ class FedAvg(FlowerFedAvg):
 
     Params: ClassVar[type] = FedAvgParams
     client_routine: ClassVar[str] = "fedavg"
+    # The failures a round survives: it aggregates when at least this fraction
+    # of the sampled clients replied, else the run stops (TooFewReplies).
+    # Scenario key failures.min-replies overrides it.
+    min_replies: ClassVar[float] = 0.5
 
     def __init__(self, params: Any, sampler: PartitionSampler, server: ServerResources) -> None:
         super().__init__(
@@ -110,6 +115,21 @@ class FedAvg(FlowerFedAvg):
         config["server-round"] = server_round
         return self._messages(self.sampler.nodes(self.sampled), arrays, config, MessageType.TRAIN)
 
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's FedAvg over the replies, once enough of the sampled clients replied."""
+        replies = list(replies)
+        fraction = self.server.scenario.failures.min_replies or self.min_replies
+        needed = required_replies(fraction, len(self.sampled))
+        ok = sum(not reply.has_error() for reply in replies)
+        if ok < needed:
+            raise TooFewReplies(
+                f"round {server_round}: {ok} of {len(self.sampled)} sampled clients replied; "
+                f"{type(self).__name__} needs {needed} (min-replies {fraction})"
+            )
+        return super().aggregate_train(server_round, replies)
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -125,5 +145,13 @@ class FedAvg(FlowerFedAvg):
         return {"test-loss": loss, "test-acc": acc}
 
     def state_for_checkpoint(self) -> dict[str, Any]:
-        """Strategy state a resumed run needs besides the global model (none here)."""
+        """Strategy state a resumed run needs besides the global model (none here).
+
+        Called after every round; the values must load with
+        ``torch.load(weights_only=True)``: tensors, numbers, strings, and
+        lists or dicts of them.
+        """
         return {}
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_for_checkpoint` returned, before the first resumed round."""
