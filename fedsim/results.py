@@ -1,13 +1,15 @@
 """The run directory: resolved scenario, per-round metrics, final model, summary.
 
 Rows are written as each round ends (the CSV is rewritten atomically), so an
-interrupted run keeps every finished round.
+interrupted run keeps every finished round; ``checkpoint/`` holds what a
+resumed run needs (:mod:`fedsim.checkpoint`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ SCENARIO_FILE = "scenario.toml"
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.md"
 CLIENT_STATE_DIR = "client_state"  # client-private files; never read by the server
+CHECKPOINT_DIR = "checkpoint"
 
 
 def write_csv_atomic(rows: list[dict[str, Any]], path: Path) -> None:
@@ -48,6 +51,11 @@ def new_run_dir(scenario: Scenario, out: str | Path | None) -> Path:
             suffix += 1
     else:
         path = Path(out)
+        if (path / SCENARIO_FILE).is_file():
+            # A fresh run in an old run's folder: stale client-private state or a
+            # stale checkpoint would leak into it or into a later --resume.
+            for stale in (CHECKPOINT_DIR, CLIENT_STATE_DIR):
+                shutil.rmtree(path / stale, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -64,13 +72,18 @@ def _fmt(value: Any) -> str:
 
 @dataclass
 class RunRecorder:
-    """Round callback writing ``metrics.csv`` / ``clients.csv`` and printing progress."""
+    """Round callback writing ``metrics.csv`` / ``clients.csv`` and printing progress.
+
+    ``clients.csv`` has a row per client and phase; a client that failed has
+    its ``failure`` (``error`` or ``timeout``) and no metrics.
+    """
 
     run_dir: Path
     total_rounds: int
     console: Console = field(default_factory=lambda: Console(soft_wrap=True))
     rows: list[dict[str, Any]] = field(default_factory=list)
     client_rows: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_key: str = "recorder"
 
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
         row: dict[str, Any] = {
@@ -91,14 +104,28 @@ class RunRecorder:
             row.setdefault(key, value)
         self.rows.append(row)
         self.client_rows.extend(record.clients)
-        write_csv_atomic(self.rows, self.run_dir / METRICS_FILE)
-        write_csv_atomic(self.client_rows, self.run_dir / CLIENTS_FILE)
+        self._write()
         shown = ("train-loss", "test-acc", "client-eval-acc")
         parts = "  ".join(f"{k} {_fmt(row[k])}" for k in shown)
+        failed = ", ".join(f"#{client} {kind}" for client, kind in record.failed.items())
         self.console.print(
             f"[bold]round {record.round}/{self.total_rounds}[/bold]  {parts}  "
             f"clients {record.replies}/{record.sampled}  {record.seconds:.1f}s"
+            + (f"  failed: {failed}" if failed else "")
         )
+
+    def _write(self) -> None:
+        write_csv_atomic(self.rows, self.run_dir / METRICS_FILE)
+        write_csv_atomic(self.client_rows, self.run_dir / CLIENTS_FILE)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rows so far (the checkpoint keeps them, see :mod:`fedsim.checkpoint`)."""
+        return {"rows": self.rows, "client_rows": self.client_rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from checkpointed rows; the CSVs drop rows of unfinished rounds."""
+        self.rows, self.client_rows = list(state["rows"]), list(state["client_rows"])
+        self._write()
 
 
 def save_model(arrays: ArrayRecord, run_dir: Path) -> None:

@@ -17,9 +17,17 @@ from rich.console import Console
 from clients.app import build_client_app
 from fedsim.audit.auditor import AUDIT_RESOURCE, Auditor
 from fedsim.audit.wrapper import AuditedStrategy
+from fedsim.checkpoint import (
+    Checkpoint,
+    Checkpointable,
+    Checkpointer,
+    restore_client_state,
+    restore_rng,
+)
 from fedsim.components import component_params
 from fedsim.config import Scenario
 from fedsim.data import load_dataset
+from fedsim.failures import FailurePlan, HideInjectedFailures, check_failures
 from fedsim.loop import RoundCallback, run_rounds
 from fedsim.results import (
     CLIENT_STATE_DIR,
@@ -66,7 +74,10 @@ def backend_config(scenario: Scenario) -> dict[str, Any]:
 def _quiet_logs() -> None:
     # Flower logs every phase at INFO; the run prints its own per-round lines.
     # run_simulation's deprecation notice is the one warning users cannot act on.
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.setLevel(logging.ERROR)
+    if not any(isinstance(f, HideInjectedFailures) for f in flwr_logger.filters):
+        flwr_logger.addFilter(HideInjectedFailures())
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -81,16 +92,27 @@ def run_scenario(
     out: str | Path | None = None,
     console: Console | None = None,
     callbacks: tuple[RoundCallback, ...] = (),
+    resume: Checkpoint | None = None,
 ) -> RunResult:
-    """Run ``scenario`` (already validated) as a Flower simulation on Ray."""
+    """Run ``scenario`` (already validated) as a Flower simulation on Ray.
+
+    With ``resume`` (see :func:`fedsim.checkpoint.open_resume`) the run
+    continues in the checkpoint's run directory after its last round.
+    """
     from flwr.simulation import run_simulation
 
     console = console or Console(soft_wrap=True)
-    run_dir = new_run_dir(scenario, out)
-    write_scenario(scenario, run_dir)
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     params = component_params(strategy_cls, scenario.strategy, "strategy")
+    check_failures(scenario, strategy_cls.min_replies)
     fed = scenario.federation
+    if resume is None:
+        run_dir = new_run_dir(scenario, out)
+        write_scenario(scenario, run_dir)
+    else:
+        run_dir = resume.run_dir
+        restore_client_state(run_dir)
+    first_round = resume.round + 1 if resume is not None else 1
     recorder = RunRecorder(run_dir, fed.rounds, console)
     outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
 
@@ -103,7 +125,11 @@ def run_scenario(
                 scenario, load_dataset(scenario.data), pick_device(scenario.backend.num_gpus > 0)
             )
             sampler = PartitionSampler.discover(
-                grid, fed.seed, fed.sampled_per_round, fed.evaluate_fraction
+                grid,
+                fed.seed,
+                fed.sampled_per_round,
+                fed.evaluate_fraction,
+                expected=fed.num_clients,
             )
             strategy = strategy_cls(params, sampler, server)
             observers: tuple[Auditor, ...] = ()
@@ -112,16 +138,30 @@ def run_scenario(
                     scenario, server.bundle, strategy_cls.client_routine, run_dir, console
                 )
                 strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
+            components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
+            checkpointer = Checkpointer(run_dir, strategy, scenario, components)
+            if resume is None:
+                arrays = strategy.initial_arrays()
+            else:
+                arrays = resume.arrays
+                strategy.restore_checkpoint_state(resume.strategy)
+                for component in components:
+                    component.load_state_dict(resume.components[component.checkpoint_key])
+                restore_rng(resume.rng)  # last: nothing may draw from them before the round
             try:
                 final = run_rounds(
                     strategy,
                     grid,
-                    strategy.initial_arrays(),
-                    range(1, fed.rounds + 1),
+                    arrays,
+                    range(first_round, fed.rounds + 1),
                     train_config=client_config_record(scenario.client),
                     evaluate_config={},
-                    # The auditor adds its round means before the recorder writes the row.
-                    callbacks=(*observers, recorder, *callbacks),
+                    # The auditor adds its round means before the recorder writes the row;
+                    # the checkpoint comes last, when the round's outputs are complete.
+                    callbacks=(*observers, recorder, *callbacks, checkpointer),
+                    timeout=scenario.failures.timeout,
+                    partition_of=sampler.partition_of,
+                    failures=FailurePlan.from_config(scenario.failures, fed.seed),
                 )
             finally:
                 for observer in observers:
@@ -137,6 +177,7 @@ def run_scenario(
         f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
         f"{scenario.data.dataset}, {fed.num_clients} clients "
         f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
+        + (f" (resuming after round {resume.round})" if resume is not None else "")
     )
     run_simulation(
         server_app=server_app,

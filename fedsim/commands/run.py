@@ -1,18 +1,19 @@
-"""``fedsim run SCENARIO [--set key=value]... [--out DIR]``."""
+"""``fedsim run SCENARIO [--set key=value]... [--out DIR]`` and ``fedsim run --resume RUN_DIR``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from fedsim.commands import COMMANDS
-from fedsim.config import load_scenario
+from fedsim.config import ScenarioError, load_scenario, require
 
 
 class RunCommand:
-    help = "run a federation from a scenario file"
+    help = "run a federation from a scenario file, or resume a stopped run"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("scenario", help="scenario TOML file (see scenarios/)")
+        parser.add_argument("scenario", nargs="?", help="scenario TOML file (see scenarios/)")
         parser.add_argument(
             "--set",
             dest="overrides",
@@ -22,12 +23,39 @@ class RunCommand:
             help="override a scenario key, e.g. --set federation.rounds=5 (repeatable)",
         )
         parser.add_argument("--out", help="run directory (default: <output.dir>/<name>-<time>)")
+        parser.add_argument(
+            "--resume",
+            metavar="RUN_DIR",
+            help="continue a stopped run after its last completed round, "
+            "with the run directory's own scenario.toml",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
+        from fedsim.checkpoint import open_resume
+        from fedsim.failures import TooFewReplies
         from fedsim.runner import run_scenario
 
-        scenario = load_scenario(args.scenario, args.overrides)
-        run_scenario(scenario, args.out)
+        try:
+            if args.resume:
+                if args.scenario or args.overrides or args.out:
+                    raise ScenarioError(
+                        "--resume",
+                        args.resume,
+                        "takes no scenario file, --set or --out: the run continues "
+                        "with its own scenario.toml in its own directory",
+                    )
+                scenario, checkpoint = open_resume(args.resume)
+                run_scenario(scenario, resume=checkpoint)
+            else:
+                require(bool(args.scenario), "scenario", None, "give a file, or --resume RUN_DIR")
+                run_scenario(load_scenario(args.scenario, args.overrides), args.out)
+        except TooFewReplies as err:
+            print(
+                f"fedsim: error: {err}. Every completed round is checkpointed: "
+                "continue with fedsim run --resume RUN_DIR",
+                file=sys.stderr,
+            )
+            return 1
         return 0
 
 
