@@ -9,7 +9,6 @@ from flwr.clientapp import ClientApp
 
 from clients import CLIENT_ROUTINES
 from clients.base import ClientEnv
-from clients.defences import train_defended
 from fedsim.config import Scenario
 from fedsim.failures import inject_failures
 
@@ -35,8 +34,7 @@ def build_client_app(
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         env = env_of(context)
-        # The scenario's defences act inside the client, before the reply leaves it.
-        arrays, metrics = train_defended(routine, env, msg.content["arrays"], msg.content["config"])
+        arrays, metrics = routine.train(env, msg.content["arrays"], msg.content["config"])
         metrics[PARTITION_KEY] = env.partition_id
         content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
