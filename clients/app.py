@@ -9,6 +9,7 @@ from flwr.clientapp import ClientApp
 
 from clients import CLIENT_ROUTINES
 from clients.base import ClientEnv
+from clients.defences import train_defended
 from fedsim.config import Scenario
 from fedsim.failures import inject_failures
 
@@ -34,7 +35,9 @@ def build_client_app(
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         env = env_of(context)
-        arrays, metrics = routine.train(env, msg.content["arrays"], msg.content["config"])
+        # The scenario's defences act inside the client, before the reply leaves it.
+        sent, config = msg.content.array_records["arrays"], msg.content.config_records["config"]
+        arrays, metrics = train_defended(routine, env, sent, config)
         metrics[PARTITION_KEY] = env.partition_id
         content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)

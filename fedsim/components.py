@@ -48,6 +48,10 @@ def validate_scenario(scenario: Scenario) -> None:
     component_params(strategy, scenario.strategy, "strategy")
     strategy.check_scenario(scenario)
     check_gpu_request(scenario.backend.num_gpus, "backend.num-gpus")
+    if scenario.defences:
+        from clients.defences import check_defences
+
+        check_defences(scenario)
     if scenario.audit.enabled:
         from attacks import ATTACKS
 

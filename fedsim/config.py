@@ -387,7 +387,12 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A whole experiment, as loaded from one scenario file."""
+    """A whole experiment, as loaded from one scenario file.
+
+    ``defences``: client-side defences applied in order to what each client
+    uploads (``[[defences]]`` tables ``{name = "gaussian", sigma = 0.01}``;
+    see :mod:`clients.defences`).
+    """
 
     name: str = "scenario"
     description: str = ""
@@ -396,6 +401,7 @@ class Scenario:
     model: ModelConfig = ModelConfig()
     strategy: ComponentConfig = ComponentConfig("fedavg")
     client: ClientConfig = ClientConfig()
+    defences: tuple[ComponentConfig, ...] = ()
     backend: BackendConfig = BackendConfig()
     audit: AuditConfig = AuditConfig()
     failures: FailureConfig = FailureConfig()
@@ -440,11 +446,19 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     partitioner = _component(data_table.pop("partitioner", None), "data.partitioner", "iid")
     audit_table = dict(tables.pop("audit", {}) or {})
     attack_tables = audit_table.pop("attacks", None)
+    defence_tables = tables.pop("defences", [])
+    require(
+        isinstance(defence_tables, list),
+        "defences",
+        defence_tables,
+        "must be a list of defence tables",
+    )
     scenario = parse_table(Scenario, {**tables, "data": data_table, "audit": audit_table})
     scenario = dataclasses.replace(
         scenario,
         strategy=strategy,
         data=dataclasses.replace(scenario.data, partitioner=partitioner),
+        defences=tuple(_component(t, f"defences[{i}]", "") for i, t in enumerate(defence_tables)),
     )
     if attack_tables is not None:
         require(
@@ -486,6 +500,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
             parent = parent[part]
         parent[path[-1]] = _inline_component(parent[path[-1]])
     table["audit"]["attacks"] = [_inline_component(a) for a in table["audit"]["attacks"]]
+    table["defences"] = [_inline_component(d) for d in table["defences"]]
     return typing.cast(dict[str, Any], table)
 
 

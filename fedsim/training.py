@@ -7,8 +7,9 @@ DataLoader workers: a simulated client is one Ray actor on one core).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +78,21 @@ def batch_indices(
             yield order[start : start + cfg.batch_size]
 
 
+class TrainingHook(Protocol):
+    """Changes how :func:`train_local` steps (DP-SGD: per-example clipping and noise)."""
+
+    def attach(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: ClientConfig, examples: int
+    ) -> torch.optim.Optimizer: ...
+
+    def detach(self, model: nn.Module) -> None: ...
+
+
+# Set around a client's whole train handler (clients/defences.py), so that every
+# routine's local training honours a DP-SGD defence without passing it down.
+TRAINING_HOOK: ContextVar[TrainingHook | None] = ContextVar("training_hook", default=None)
+
+
 def train_local(
     model: nn.Module,
     images: torch.Tensor,
@@ -94,6 +110,9 @@ def train_local(
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     optimizer = make_optimizer(parameters if parameters is not None else model.parameters(), cfg)
+    hook = TRAINING_HOOK.get()
+    if hook is not None:
+        optimizer = hook.attach(model, optimizer, cfg, len(labels))
     model.train()
     total, steps = 0.0, 0
     for idx in batch_indices(len(labels), cfg, generator):
@@ -104,6 +123,8 @@ def train_local(
         optimizer.step()
         total += float(loss.detach())
         steps += 1
+    if hook is not None:
+        hook.detach(model)
     return TrainStats(mean_loss=total / max(1, steps), steps=steps, examples=len(labels))
 
 

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from clients import CLIENT_ROUTINES
 from clients.base import ClientEnv
+from clients.defences import protect_probe
 from fedsim.config import ClientConfig, Scenario
 from fedsim.training import batch_indices
 
@@ -87,4 +88,6 @@ class GroundTruthOracle:
         loss = torch.nn.functional.cross_entropy(model(images[local]), labels[local])
         grads = torch.autograd.grad(loss, [p for _, p in named])
         gradient = {n: g.detach() for (n, _), g in zip(named, grads, strict=True)}
+        # What the client shares is its gradient after its own defences.
+        gradient = protect_probe(self.scenario, gradient, len(local), server_round, partition)
         return gradient, self._truth(env, local)

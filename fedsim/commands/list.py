@@ -18,13 +18,14 @@ def _first_line(obj: object) -> str:
 
 
 class ListCommand:
-    help = "list strategies, attacks, datasets, partitioners, models, inits and scenarios"
+    help = "list strategies, attacks, defences, datasets, partitioners, models, inits and scenarios"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         pass
 
     def run(self, args: argparse.Namespace) -> int:
         from attacks import ATTACKS
+        from clients.defences import DEFENCES
         from fedsim.data import DATASETS
         from fedsim.models import INITS, MODELS
         from fedsim.partition import PARTITIONERS
@@ -34,6 +35,7 @@ class ListCommand:
         for kind, registry in (
             ("strategy", STRATEGIES),
             ("attack", ATTACKS),
+            ("defence", DEFENCES),
             ("dataset", DATASETS),
             ("partitioner", PARTITIONERS),
             ("model", MODELS),

@@ -1,0 +1,230 @@
+"""Client-side defences: measured noise, the clipping bound, DP-SGD accounting, validation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, RecordDict
+from inprocess import InProcessRun, run_inprocess, tiny_table
+
+from clients.base import ClientEnv
+from clients.defences import (
+    EPSILON_METRIC,
+    ClipParams,
+    DPSGDParams,
+    GaussianNoise,
+    GaussianParams,
+    NormClip,
+    global_norm,
+    protect_upload,
+)
+from fedsim.audit.oracle import GroundTruthOracle
+from fedsim.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
+from fedsim.training import client_config_record
+
+
+def _scenario(defences: list[dict[str, Any]], strategy: str = "fedavg", **tables: Any) -> Scenario:
+    small = {
+        "federation": {"num-clients": 2, "rounds": 1},
+        "data": {"samples-per-client": 80},
+        "client": {"local-steps": 3},
+    }
+    for name, values in tables.items():
+        small[name] = {**small.get(name, {}), **values}
+    table = tiny_table({"name": strategy}, **small)
+    return scenario_from_dict({**table, "defences": defences})
+
+
+Tensors = dict[str, torch.Tensor]
+
+
+def _exchanges(run: InProcessRun) -> dict[tuple[int, int], tuple[Tensors, Tensors]]:
+    """(round, partition) -> (arrays sent, arrays received) of each training exchange."""
+    out = {}
+    for sent, reply in run.grid.exchanges:
+        if sent.metadata.message_type == "train":
+            server_round = sent.content.config_records["config"]["server-round"]
+            partition = reply.content.metric_records["metrics"]["partition-id"]
+            out[(cast(int, server_round), cast(int, partition))] = (
+                dict(sent.content.array_records["arrays"].to_torch_state_dict()),
+                dict(reply.content.array_records["arrays"].to_torch_state_dict()),
+            )
+    return out
+
+
+def _update(run: InProcessRun, key: tuple[int, int] = (1, 0)) -> Tensors:
+    sent, received = _exchanges(run)[key]
+    return {k: v - sent[k] for k, v in received.items()}
+
+
+@pytest.fixture(scope="module")
+def plain_run() -> InProcessRun:
+    return run_inprocess(_scenario([]))
+
+
+def _difference(run: InProcessRun, plain: InProcessRun) -> Tensors:
+    defended, clean = _exchanges(run)[(1, 0)][1], _exchanges(plain)[(1, 0)][1]
+    return {k: defended[k] - clean[k] for k in clean}
+
+
+def test_gaussian_noise_on_the_upload_has_the_configured_sigma(plain_run: InProcessRun) -> None:
+    run = run_inprocess(_scenario([{"name": "gaussian", "sigma": 0.05}]))
+
+    noise = torch.cat([d.flatten() for d in _difference(run, plain_run).values()])
+
+    # The same seeded training underneath: the difference is the noise alone.
+    assert len(noise) > 50_000
+    assert abs(float(noise.std()) - 0.05) < 0.05 * 0.02
+    assert abs(float(noise.mean())) < 0.05 * 0.02
+
+
+def test_laplace_noise_has_the_configured_scale(plain_run: InProcessRun) -> None:
+    run = run_inprocess(_scenario([{"name": "laplace", "scale": 0.02}]))
+
+    noise = torch.cat([d.flatten() for d in _difference(run, plain_run).values()]).double()
+
+    # Laplace(0, b): mean |x| = b, std = b * sqrt(2).
+    assert abs(float(noise.abs().mean()) - 0.02) < 0.02 * 0.02
+    assert abs(float(noise.std()) - 0.02 * math.sqrt(2)) < 0.02 * math.sqrt(2) * 0.03
+
+
+def test_clipping_bounds_every_uploaded_update(plain_run: InProcessRun) -> None:
+    run = run_inprocess(_scenario([{"name": "clip", "max-norm": 0.05}]))
+
+    clipped = [global_norm(_update(run, key)) for key in _exchanges(run)]
+
+    assert global_norm(_update(plain_run)) > 0.2  # the bound binds
+    assert len(clipped) == 2
+    assert all(0.05 * (1 - 1e-5) <= norm <= 0.05 * (1 + 1e-5) for norm in clipped)
+
+
+def test_defences_chain_in_the_listed_order() -> None:
+    update = {"w": torch.ones(10_000)}
+    clip, noise = NormClip(ClipParams(max_norm=1.0)), GaussianNoise(GaussianParams(sigma=0.1))
+    names, sent = {"w"}, ArrayRecord({"w": torch.zeros(10_000)})
+
+    def chained(chain: list[Any]) -> float:
+        rng = np.random.default_rng(0)
+        out = protect_upload(chain, sent, ArrayRecord(update), names, rng)
+        return global_norm(dict(out.to_torch_state_dict()))
+
+    # Noise then clip: bounded. Clip then noise: the noise (norm ~ 0.1 * 100) dominates.
+    assert chained([noise, clip]) <= 1.0 + 1e-5
+    assert chained([clip, noise]) == pytest.approx(math.sqrt(1 + 100), rel=0.05)
+
+
+def test_buffers_keep_their_values() -> None:
+    sent = ArrayRecord({"w": torch.zeros(4), "bn.running_var": torch.ones(4)})
+    reply = ArrayRecord({"w": torch.ones(4), "bn.running_var": torch.full((4,), 2.0)})
+    noise = GaussianNoise(GaussianParams(sigma=1.0))
+
+    out = protect_upload([noise], sent, reply, {"w"}, np.random.default_rng(0))
+
+    assert np.array_equal(out["bn.running_var"].numpy(), reply["bn.running_var"].numpy())
+    assert not np.array_equal(out["w"].numpy(), reply["w"].numpy())
+
+
+def test_noise_is_deterministic_from_the_seed() -> None:
+    scenario = _scenario([{"name": "gaussian", "sigma": 0.01}])
+
+    first, second = run_inprocess(scenario), run_inprocess(scenario)
+
+    name = "classifier.1.weight"
+    assert all(
+        torch.equal(_update(first, key)[name], _update(second, key)[name])
+        for key in _exchanges(first)
+    )
+    assert not torch.equal(_update(first, (1, 0))[name], _update(first, (1, 1))[name])
+
+
+def test_dp_sgd_reports_an_epsilon_that_grows_with_rounds() -> None:
+    from opacus.accountants import RDPAccountant
+
+    params = DPSGDParams(noise_multiplier=1.1, max_grad_norm=1.0, delta=1e-5)
+    scenario = _scenario(
+        [{"name": "dp-sgd", "noise-multiplier": 1.1, "max-grad-norm": 1.0}],
+        federation={"rounds": 3},
+    )
+
+    run = run_inprocess(scenario)
+
+    replies = [r.content.metric_records["metrics"] for r in run.grid.replies("train")]
+    eps = [cast(float, m[EPSILON_METRIC]) for m in replies if m["partition-id"] == 0]
+    assert len(eps) == 3 and eps[0] > 0 and eps[0] < eps[1] < eps[2]
+    # Opacus's own accountant after 3 rounds of 3 steps at q = batch / examples.
+    reference = RDPAccountant()
+    train_size = len(run.env(0).split.train)
+    for _ in range(9):
+        reference.step(noise_multiplier=1.1, sample_rate=16 / train_size)
+    assert eps[2] == pytest.approx(reference.get_epsilon(params.delta), rel=1e-9)
+    assert [r.train[EPSILON_METRIC] for r in run.records] == pytest.approx(eps)
+
+
+def test_dp_sgd_clips_per_example_gradients() -> None:
+    # Noise negligible, plain SGD: each step moves at most lr * max-grad-norm.
+    run = run_inprocess(
+        _scenario(
+            [{"name": "dp-sgd", "noise-multiplier": 1e-6, "max-grad-norm": 1e-3}],
+            client={"optimizer": "sgd", "lr": 0.1, "local-steps": 3},
+        )
+    )
+    plain = run_inprocess(_scenario([], client={"optimizer": "sgd", "lr": 0.1, "local-steps": 3}))
+
+    assert global_norm(_update(plain)) > 10 * 3 * 0.1 * 1e-3
+    assert global_norm(_update(run)) <= 3 * 0.1 * 1e-3 * (1 + 1e-3)
+
+
+def test_probe_gradient_carries_the_clients_defences() -> None:
+    def probe(defences: list[dict[str, Any]]) -> Tensors:
+        scenario = _scenario(defences)
+        sent = ArrayRecord(ClientEnv.create(scenario, 0, RecordDict()).model().state_dict())
+        oracle = GroundTruthOracle(scenario, "fedavg", None)
+        return oracle.probe(0, 1, scenario.client, sent, 1)[0]
+
+    clean = probe([])
+    noisy = probe([{"name": "gaussian", "sigma": 0.1}])
+    dp = probe([{"name": "dp-sgd", "noise-multiplier": 1e-9, "max-grad-norm": 1e-2}])
+
+    noise = torch.cat([(noisy[k] - clean[k]).flatten() for k in clean])
+    assert abs(float(noise.std()) - 0.1) < 0.1 * 0.02
+    assert global_norm(clean) > 1e-2
+    assert global_norm(dp) == pytest.approx(1e-2, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("defences", "strategy", "model", "key"),
+    [
+        ([{"name": "blur"}], "fedavg", "lenet5-split", "defences[0]"),
+        ([{"name": "gaussian", "sigma": -1.0}], "fedavg", "lenet5-split", "defences[0].sigma"),
+        ([{"name": "gaussian", "std": 1.0}], "fedavg", "lenet5-split", "defences[0].std"),
+        ([{"name": "clip"}], "fedavg", "lenet5-split", "defences[0].max-norm"),
+        ([{"name": "dp-sgd"}], "fedprox", "lenet5-split", "defences[0]"),
+        ([{"name": "dp-sgd"}], "fedavg", "resnet18", "defences[0]"),
+        ([{"name": "dp-sgd"}, {"name": "dp-sgd"}], "fedavg", "lenet5-split", "defences"),
+    ],
+)
+def test_bad_defences_fail_before_anything_runs(
+    defences: list[dict[str, Any]], strategy: str, model: str, key: str
+) -> None:
+    with pytest.raises(ScenarioError) as err:
+        _scenario(defences, strategy=strategy, model={"name": model})
+
+    assert err.value.key == key
+
+
+def test_defences_round_trip_through_the_resolved_scenario() -> None:
+    import tomllib
+
+    import tomli_w
+
+    chain = [{"name": "clip", "max-norm": 1.0}, {"name": "gaussian", "sigma": 0.01}]
+    scenario = _scenario(chain)
+
+    again = scenario_from_dict(tomllib.loads(tomli_w.dumps(scenario_to_dict(scenario))))
+
+    assert again.defences == scenario.defences
+    assert client_config_record(again.client) == client_config_record(scenario.client)
