@@ -91,19 +91,32 @@ class ClientRoutine:
         self, env: ClientEnv, arrays: ArrayRecord, config: ConfigRecord
     ) -> tuple[ArrayRecord, dict[str, Any]]:
         """Default local training: the global model, the objective :meth:`loss`."""
-        model = env.model(arrays)
+        model = self.build(env, arrays)
         images, labels = env.train_data
         cfg = client_config_from_record(config)
+        server_round = int(config["server-round"])  # type: ignore[arg-type]
         stats = train_local(
             model,
             images,
             labels,
             cfg,
-            env.seed(int(config["server-round"])),  # type: ignore[arg-type]
+            env.seed(server_round),
             loss_fn=self.loss(model, config),
         )
-        reply = ArrayRecord(model.state_dict())
+        reply = self.reply_arrays(env, model, server_round)
         return reply, {"train-loss": stats.mean_loss, "num-examples": stats.examples}
+
+    def build(self, env: ClientEnv, arrays: ArrayRecord) -> SplitNet:
+        """The network to train or evaluate, loaded with the received ``arrays``."""
+        return env.model(arrays)
+
+    def reply_arrays(self, env: ClientEnv, model: SplitNet, server_round: int) -> ArrayRecord:
+        """What a train reply carries: here the whole model.
+
+        Routines with private parameters keep those here (see
+        :mod:`clients.private_state`) and return only the shared ones.
+        """
+        return ArrayRecord(model.state_dict())
 
     def loss(self, model: SplitNet, config: ConfigRecord) -> LossFn:
         """The local objective; subclasses add terms (e.g. FedProx's proximal term)."""
@@ -111,7 +124,7 @@ class ClientRoutine:
 
     def evaluate(self, env: ClientEnv, arrays: ArrayRecord, config: ConfigRecord) -> dict[str, Any]:
         """Accuracy of the received model on the client's local test split."""
-        model = env.model(arrays)
+        model = self.build(env, arrays)
         images, labels = env.test_data
         loss, acc = evaluate(model, images, labels)
         return {"eval-loss": loss, "eval-acc": acc, "num-examples": len(labels)}
