@@ -30,6 +30,8 @@ from torchvision.utils import make_grid, save_image
 
 from attacks import ATTACKS
 from attacks.base import Observation, Reconstruction
+from fedsim.audit.observe import images_in_update, observe_reply
+from fedsim.audit.oracle import GroundTruth, GroundTruthOracle
 from fedsim.components import component_params
 from fedsim.config import ComponentConfig, Scenario
 from fedsim.data import DatasetBundle
@@ -38,9 +40,6 @@ from fedsim.metrics import score_reconstruction
 from fedsim.models import InputSpec
 from fedsim.results import write_csv_atomic
 from fedsim.training import client_config_from_record, derive_seed
-
-from .observe import observe_reply
-from .oracle import GroundTruth, GroundTruthOracle, images_in_update
 
 AUDIT_FILE = "audit.csv"
 AUDIT_IMAGES = "audit"

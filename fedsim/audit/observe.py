@@ -15,10 +15,17 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from attacks.base import Observation, ThreatModel
-from fedsim.config import Scenario
+from fedsim.config import ClientConfig, Scenario
 from fedsim.data import Normalization
 from fedsim.models import InputSpec, build_model
 from fedsim.training import client_config_from_record
+
+
+def images_in_update(num_examples: int, cfg: ClientConfig) -> int:
+    """How many distinct examples one round of local training touches."""
+    if cfg.local_steps:
+        return min(num_examples, cfg.batch_size * cfg.local_steps)
+    return num_examples
 
 
 def model_parameter_names(scenario: Scenario, spec: InputSpec) -> set[str]:
@@ -59,7 +66,9 @@ def observe_reply(
     shared = {k: v for k, v in uploaded.items() if k in names}
     uploads = {k: v for k, v in uploaded.items() if k not in names}
     metrics = reply.content["metrics"]
-    num_examples = int(metrics["num-examples"])  # type: ignore[arg-type]
+    train_config = client_config_from_record(sent_config)
+    # The examples the upload was computed on (public: reported size, batch, steps).
+    num_examples = images_in_update(int(metrics["num-examples"]), train_config)  # type: ignore[arg-type]
     if threat_model == "probe":
         assert probe_gradient is not None, "a probe observation needs the probe gradient"
         shared = {k: probe_gradient[k] for k in shared}
@@ -75,7 +84,7 @@ def observe_reply(
         model=scenario.model,
         input_spec=spec,
         normalization=normalization,
-        train_config=client_config_from_record(sent_config),
+        train_config=train_config,
         num_examples=num_examples,
         strategy=scenario.strategy.name,
         extras={

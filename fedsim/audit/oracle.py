@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, RecordDict
 from clients import CLIENT_ROUTINES
 from clients.base import ClientEnv
 from clients.defences import protect_probe
+from fedsim.audit.observe import images_in_update
 from fedsim.config import ClientConfig, Scenario
 from fedsim.training import batch_indices
 
@@ -28,13 +29,6 @@ class GroundTruth:
 
     images: torch.Tensor
     labels: torch.Tensor
-
-
-def images_in_update(num_examples: int, cfg: ClientConfig) -> int:
-    """How many distinct examples one round of local training touches."""
-    if cfg.local_steps:
-        return min(num_examples, cfg.batch_size * cfg.local_steps)
-    return num_examples
 
 
 class GroundTruthOracle:
