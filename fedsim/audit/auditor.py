@@ -229,10 +229,7 @@ class Auditor:
         )
         with self._lock:
             self.rows.append(row)
-            write_csv_atomic(
-                sorted(self.rows, key=lambda r: (r["round"], r["client"])),
-                self.run_dir / AUDIT_FILE,
-            )
+            self._write_rows()
         self.console.print(
             f"  audit round {job.round}: {job.attack.name} on client {job.client} "
             f"({obs.threat_model}): PSNR {score.psnr:.2f} dB, SSIM {score.ssim:.3f}, "
@@ -251,6 +248,26 @@ class Auditor:
                 record.server["audit-psnr"] = float(np.mean(finite)) if finite else math.inf
                 record.server["audit-ssim"] = float(np.mean([r["ssim"] for r in rows]))
                 record.server["audit-label-acc"] = float(np.mean([r["label-acc"] for r in rows]))
+
+    # -- checkpointing (fedsim.checkpoint.Checkpointable) ------------------------
+
+    checkpoint_key = "audit"
+
+    def state_dict(self) -> dict[str, Any]:
+        """Finished audit rows. In async mode attacks still running at a
+        checkpoint are not in it: a resumed run does not redo them."""
+        with self._lock:
+            return {"rows": [dict(r) for r in self.rows]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.rows = [dict(r) for r in state.get("rows", [])]
+            if self.rows:
+                self._write_rows()
+
+    def _write_rows(self) -> None:
+        rows = sorted(self.rows, key=lambda r: (r["round"], r["client"], r["attack"]))
+        write_csv_atomic(rows, self.run_dir / AUDIT_FILE)
 
     def finish(self) -> None:
         """Join every outstanding attack (called before the run ends)."""
