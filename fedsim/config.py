@@ -478,15 +478,21 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     return scenario
 
 
+def read_toml(path: str | Path, key: str = "scenario") -> dict[str, Any]:
+    """The tables of TOML file ``path``; a missing or malformed file is a :class:`ScenarioError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(key, str(path), "no such file")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ScenarioError(key, str(path), f"is not valid TOML: {err}") from None
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read, override and validate a scenario file."""
     path = Path(path)
-    if not path.is_file():
-        raise ScenarioError("scenario", str(path), "no such file")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ScenarioError("scenario", str(path), f"is not valid TOML: {err}") from None
+    raw = read_toml(path)
     raw.setdefault("name", path.stem)
     return scenario_from_dict(apply_overrides(raw, overrides or []))
 

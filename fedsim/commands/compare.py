@@ -1,0 +1,54 @@
+"""``fedsim compare SPEC [--out DIR] [--dry-run]``: a sweep, see :mod:`fedsim.compare`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from fedsim.commands import COMMANDS
+
+
+class CompareCommand:
+    help = "run a sweep of strategies x defences x seeds and write a privacy-utility report"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("spec", help="sweep spec TOML (see scenarios/compare-table2.toml)")
+        parser.add_argument(
+            "--out", help="sweep folder (default: <base output.dir>/<spec name>); reruns resume"
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="validate the spec and list its runs (done or to do) without running",
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        from fedsim.compare import (
+            REPORT_FILE,
+            RUNS_DIR,
+            configurations,
+            is_finished,
+            load_spec,
+            run_sweep,
+        )
+
+        spec, base = load_spec(args.spec)
+        configs = configurations(spec, base)
+        out = Path(args.out) if args.out else Path(configs[0].scenario.output.dir) / spec.name
+        console = Console(soft_wrap=True)
+        if args.dry_run:
+            for config in configs:
+                done = is_finished(config, out / RUNS_DIR / config.path)
+                console.print(f"{'done' if done else 'to run'}  {config.path}  ({config.label})")
+            return 0
+        outcome = run_sweep(spec, configs, out, console)
+        console.print(f"\nreport: {out / REPORT_FILE}")
+        if outcome.failed:
+            console.print(f"[red]{len(outcome.failed)} run(s) failed; rerun to retry them[/red]")
+            return 1
+        return 0
+
+
+COMMANDS.register("compare")(CompareCommand())

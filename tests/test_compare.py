@@ -1,0 +1,245 @@
+"""``fedsim compare``: spec validation, resume, table, plot and report, with a fake runner."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import tomli_w
+from rich.console import Console
+
+from fedsim.audit.auditor import AUDIT_FILE
+from fedsim.cli import main
+from fedsim.compare import (
+    MARKER,
+    PLOT_FILE,
+    REPORT_FILE,
+    RESULTS_FILE,
+    RUNS_DIR,
+    TABLE_CSV,
+    TABLE_MD,
+    Configuration,
+    configurations,
+    load_spec,
+    run_sweep,
+)
+from fedsim.config import Scenario, ScenarioError
+from fedsim.results import METRICS_FILE
+
+BASE: dict[str, Any] = {
+    "federation": {"num-clients": 2, "rounds": 2},
+    "data": {"dataset": "mnist-embedded", "samples-per-client": 50},
+    "model": {"name": "lenet5-split"},
+}
+SPEC: dict[str, Any] = {
+    "name": "sweep",
+    "base": BASE,
+    "seeds": [0, 1],
+    "strategies": [
+        {"label": "FedAvg", "strategy": "fedavg"},
+        {"label": "FedSplit", "strategy": "fedsplit", "overrides": {"client": {"lr": 0.01}}},
+    ],
+    "defences": [
+        {"label": "none"},
+        {
+            "label": "DP 0.1",
+            "chain": [{"name": "gaussian", "sigma": 0.1}],
+            "strategies": ["FedAvg"],
+        },
+    ],
+}
+# What the fake runs report: accuracy and PSNR per (strategy, sigma), plus the seed.
+FAKE = {("fedavg", 0.0): (0.9, 30.0), ("fedavg", 0.1): (0.7, 10.0), ("fedsplit", 0.0): (0.8, 8.0)}
+
+
+def _write_spec(tmp_path: Path, spec: dict[str, Any]) -> Path:
+    path = tmp_path / "spec.toml"
+    path.write_text(tomli_w.dumps(spec))
+    return path
+
+
+def _configs(tmp_path: Path, spec: dict[str, Any] = SPEC) -> tuple[Any, list[Configuration]]:
+    parsed, base = load_spec(_write_spec(tmp_path, spec))
+    return parsed, configurations(parsed, base)
+
+
+class FakeRuns:
+    """Stands in for the simulation: writes metrics.csv / audit.csv, records its calls."""
+
+    def __init__(self, fail: frozenset[str] = frozenset(), stop_after: int | None = None) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+        self.stop_after = stop_after
+
+    def __call__(self, scenario: Scenario, run_dir: Path, console: Console) -> None:
+        if self.stop_after is not None and len(self.calls) == self.stop_after:
+            (run_dir / "half-written").parent.mkdir(parents=True, exist_ok=True)
+            (run_dir / "half-written").write_text("")
+            raise KeyboardInterrupt
+        self.calls.append(scenario.name)
+        if scenario.name in self.fail:
+            raise RuntimeError("boom")
+        sigma = scenario.defences[0].params["sigma"] if scenario.defences else 0.0
+        acc, psnr = FAKE[(scenario.strategy.name, sigma)]
+        seed = scenario.federation.seed
+        run_dir.mkdir(parents=True, exist_ok=True)
+        global_model = scenario.strategy.name == "fedavg"
+        pd.DataFrame(
+            {
+                "round": [1, 2],
+                "test-acc": [0.1, acc + 0.01 * seed] if global_model else [math.nan] * 2,
+                "client-eval-acc": [0.1, acc - 0.05 + 0.01 * seed],
+                "seconds": [1.0, 1.0],
+            }
+        ).to_csv(run_dir / METRICS_FILE, index=False)
+        pd.DataFrame(
+            {
+                "round": [1, 2],
+                "client": [0, 1],
+                "attack": ["dlg", "dlg"],
+                "threat-model": ["update", "update"],
+                "psnr": [psnr + seed, psnr + seed + 2.0],
+                "ssim": [0.5, 0.7],
+                "label-acc": [1.0, 0.0],
+            }
+        ).to_csv(run_dir / AUDIT_FILE, index=False)
+
+
+def test_spec_expands_to_every_configuration_with_its_overrides(tmp_path: Path) -> None:
+    _, configs = _configs(tmp_path)
+
+    labels = [(c.label, c.seed) for c in configs]
+    assert labels == [
+        ("FedAvg", 0),
+        ("FedAvg", 1),
+        ("FedAvg + DP 0.1", 0),
+        ("FedAvg + DP 0.1", 1),
+        ("FedSplit", 0),
+        ("FedSplit", 1),
+    ]
+    dp = configs[2].scenario
+    assert dp.strategy.name == "fedavg" and dp.defences[0].params == {"sigma": 0.1}
+    assert configs[4].scenario.strategy.name == "fedsplit"
+    assert configs[4].scenario.client.lr == 0.01 and configs[0].scenario.client.lr != 0.01
+    assert [c.scenario.federation.seed for c in configs[:2]] == [0, 1]
+    assert str(configs[2].path) == "fedavg-dp-0-1/seed-0"
+
+
+def test_base_may_be_a_scenario_file_next_to_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "base.toml").write_text(tomli_w.dumps(BASE))
+    _, configs = _configs(tmp_path, {**SPEC, "base": "base.toml"})
+
+    assert len(configs) == 6 and configs[0].scenario.federation.num_clients == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"strategies": [{"strategy": "fedmagic"}]}, "[fedmagic, seed 0] strategy"),
+        (
+            {"defences": [{"label": "x", "chain": [{"name": "gaussian", "std": 1.0}]}]},
+            "[fedavg + x, seed 0] defences[0].std",
+        ),
+        ({"defences": [{"label": "x", "strategies": ["FedProx"]}]}, "defences[0].strategies"),
+        ({"strategies": [{"label": "A"}, {"label": "A"}]}, "strategies"),
+        ({"seeds": []}, "seeds"),
+        ({"parallel": 0}, "parallel"),
+        ({"colour": "blue"}, "colour"),
+        ({"base": "missing.toml"}, "base"),
+    ],
+)
+def test_bad_spec_fails_before_anything_runs(
+    tmp_path: Path, change: dict[str, Any], key: str
+) -> None:
+    spec = {**SPEC, "strategies": [{"strategy": "fedavg"}], "defences": [{}], **change}
+
+    with pytest.raises(ScenarioError) as err:
+        _configs(tmp_path, spec)
+
+    assert err.value.key == key
+
+
+def test_cli_rejects_a_bad_spec_with_status_2_and_runs_nothing(tmp_path: Path) -> None:
+    spec = _write_spec(tmp_path, {**SPEC, "strategies": [{"strategy": "fedmagic"}]})
+
+    assert main(["compare", str(spec), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_table_plot_and_report(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path)
+
+    outcome = run_sweep(spec, configs, tmp_path / "out", Console(quiet=True), FakeRuns())
+
+    table = pd.read_csv(tmp_path / "out" / TABLE_CSV).set_index("configuration")
+    assert list(table.index) == ["FedAvg", "FedAvg + DP 0.1", "FedSplit"]
+    fedavg = table.loc["FedAvg"]
+    assert fedavg["accuracy-mean"] == pytest.approx(0.905)  # test-acc 0.90, 0.91
+    assert fedavg["accuracy-std"] == pytest.approx(0.01 / math.sqrt(2))
+    assert fedavg["psnr-mean"] == pytest.approx(31.5)  # seeds: mean(30, 32), mean(31, 33)
+    assert fedavg["psnr-std"] == pytest.approx(1 / math.sqrt(2))
+    assert fedavg["label-acc-mean"] == pytest.approx(0.5)
+    assert fedavg["accuracy-from"] == "test-acc"
+    # No global model: the personalised client evaluation.
+    assert table.loc["FedSplit", "accuracy-from"] == "client-eval-acc"
+    assert table.loc["FedSplit", "accuracy-mean"] == pytest.approx(0.755)
+    assert len(pd.read_csv(tmp_path / "out" / RESULTS_FILE)) == 6
+    report = (tmp_path / "out" / REPORT_FILE).read_text()
+    assert f"]({PLOT_FILE})" in report and "| FedSplit | 75.50 ± 0.71 |" in report
+    assert (tmp_path / "out" / TABLE_MD).read_text() in report
+    assert (tmp_path / "out" / PLOT_FILE).read_bytes()[:4] == b"\x89PNG"
+    assert len(outcome.ran) == 6 and not outcome.failed
+
+
+def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path)
+    out = tmp_path / "out"
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, configs, out, Console(quiet=True), FakeRuns(stop_after=2))
+    again = FakeRuns()
+    outcome = run_sweep(spec, configs, out, Console(quiet=True), again)
+
+    assert [c.path for c in outcome.skipped] == [c.path for c in configs[:2]]
+    assert again.calls == [c.scenario.name for c in configs[2:]]
+    assert not (out / RUNS_DIR / configs[2].path / "half-written").exists()
+    assert all((out / RUNS_DIR / c.path / MARKER).is_file() for c in configs)
+
+
+def test_a_changed_configuration_is_run_again(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path)
+    run_sweep(spec, configs, tmp_path / "out", Console(quiet=True), FakeRuns())
+    changed = {**SPEC, "base": {**BASE, "federation": {"num-clients": 2, "rounds": 3}}}
+    spec2, configs2 = _configs(tmp_path, changed)
+
+    again = FakeRuns()
+    run_sweep(spec2, configs2, tmp_path / "out", Console(quiet=True), again)
+
+    assert len(again.calls) == len(configs2)
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path)
+    failing = configs[2].scenario.name
+
+    outcome = run_sweep(
+        spec, configs, tmp_path / "out", Console(quiet=True), FakeRuns(fail=frozenset({failing}))
+    )
+
+    assert list(outcome.failed) == [str(configs[2].path)]
+    assert len(outcome.ran) == 5
+    assert outcome.table.set_index("configuration").loc["FedAvg + DP 0.1", "seeds"] == 1
+    assert "Failed runs" in (tmp_path / "out" / REPORT_FILE).read_text()
+
+
+def test_parallel_runs_cover_every_configuration(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path, {**SPEC, "parallel": 3})
+    runs = FakeRuns()
+
+    outcome = run_sweep(spec, configs, tmp_path / "out", Console(quiet=True), runs)
+
+    assert sorted(runs.calls) == sorted(c.scenario.name for c in configs)
+    assert len(outcome.table) == 3
