@@ -2,15 +2,17 @@
 
 Users weigh accuracy against leakage; FedCG's Table 2 is the model. A spec
 names a base scenario and the axes of a sweep, strategies x defences x seeds.
-Each configuration is the base with overrides: the strategy entry's, then the
-defence entry's, then the seed (``federation.seed`` and ``audit.seed``). Every
-configuration's scenario is validated before anything runs.
+Each configuration is the base with overrides: the spec's, the strategy
+entry's, the defence entry's, then the seed (``federation.seed`` and
+``audit.seed``). Every configuration's scenario is validated before anything
+runs.
 
 Spec (TOML)::
 
     name = "table2"
     description = "..."
     base = "audit-fedavg.toml"   # a scenario file (relative to the spec), or a [base] table
+    overrides = { federation.rounds = 5 }   # changes to the base for every configuration
     seeds = [0, 1]
     parallel = 1                 # runs at once; > 1: each run in its own process and Ray
     accuracy = "auto"            # or "test-acc" / "client-eval-acc" for every row
@@ -118,6 +120,7 @@ class CompareSpec:
     seeds: tuple[int, ...] = (0,)
     parallel: int = 1
     accuracy: Literal["auto", "test-acc", "client-eval-acc"] = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)
     strategies: tuple[StrategyEntry, ...] = (StrategyEntry(),)
     defences: tuple[DefenceEntry, ...] = (DefenceEntry(label="none"),)
 
@@ -219,7 +222,7 @@ def _scenario(
     label: str,
     seed: int,
 ) -> Scenario:
-    raw = dict(base)
+    raw = merge(base, spec.overrides)
     if s_entry.strategy is not None:
         raw["strategy"] = copy.deepcopy(s_entry.strategy)
     raw = merge(raw, s_entry.overrides)

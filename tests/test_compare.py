@@ -243,3 +243,45 @@ def test_parallel_runs_cover_every_configuration(tmp_path: Path) -> None:
 
     assert sorted(runs.calls) == sorted(c.scenario.name for c in configs)
     assert len(outcome.table) == 3
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_fedavg_leaks_more_than_dp_fedsplit_and_fedcg(tmp_path: Path) -> None:
+    # FedSGD on LeNet-Zhu (the audit's DLG setting), one round, one victim, a small DLG budget.
+    spec = {
+        "name": "leakage",
+        "base": str(REPO / "scenarios" / "audit-fedavg.toml"),
+        "overrides": {
+            "federation": {"rounds": 1},
+            "audit": {"attacks": [{"name": "dlg", "steps": 40, "restarts": 2}]},
+        },
+        "strategies": [
+            {"label": "FedAvg", "strategy": "fedavg"},
+            {"label": "FedSplit", "strategy": "fedsplit"},
+            {"label": "FedCG", "strategy": {"name": "fedcg", "distill-iterations": 5}},
+        ],
+        "defences": [
+            {"label": "none"},
+            {
+                "label": "DP-SGD",
+                "chain": [{"name": "dp-sgd", "noise-multiplier": 1.0, "max-grad-norm": 1.0}],
+                "strategies": ["FedAvg"],
+            },
+        ],
+    }
+    parsed, configs = _configs(tmp_path, spec)
+
+    outcome = run_sweep(parsed, configs, tmp_path / "out", Console(quiet=True))
+
+    assert not outcome.failed
+    table = outcome.table.set_index("configuration")
+    psnr = table["psnr-mean"]
+    assert psnr["FedAvg"] >= 25.0
+    for defended in ("FedAvg + DP-SGD", "FedSplit", "FedCG"):
+        assert psnr["FedAvg"] >= psnr[defended] + 10.0, table[["psnr-mean", "ssim-mean"]]
+        assert table.loc["FedAvg", "ssim-mean"] >= table.loc[defended, "ssim-mean"] + 0.3
+    assert table.loc["FedAvg + DP-SGD", "epsilon-mean"] > 0
+    assert (tmp_path / "out" / PLOT_FILE).is_file()
