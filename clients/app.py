@@ -51,8 +51,13 @@ def build_client_app(
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        # Discovery: the server maps node ids to partitions once, at start-up.
-        metrics = MetricRecord({PARTITION_KEY: int(context.node_config[PARTITION_KEY])})
+        # Discovery at start-up: the server maps node ids to partitions. The query
+        # also warms the actor up (the data; torch imports Dynamo on the first
+        # optimizer, seconds), so the first round's reply deadline measures training.
+        import torch._dynamo  # noqa: F401
+
+        env = env_of(context)
+        metrics = MetricRecord({PARTITION_KEY: env.partition_id})
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import tomllib
@@ -249,10 +250,12 @@ def checkpointed_round(run_dir: Path) -> int | None:
 
 
 def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
-    """The scenario and last checkpoint of ``run_dir``; :class:`ScenarioError` if it cannot resume.
+    """The scenario and last checkpoint of ``run_dir``, ready to continue.
 
-    ``federation.rounds`` in the run's ``scenario.toml`` may be raised to
-    extend a run; any other change since the checkpoint is refused.
+    Finishes an interrupted commit and puts ``client_state/`` back as the
+    checkpoint has it. Raises :class:`ScenarioError` when the folder cannot
+    resume. ``federation.rounds`` in the run's ``scenario.toml`` may be raised
+    to extend a run; any other change since the checkpoint is refused.
     """
     path = Path(run_dir)
     require(path.is_dir(), "--resume", str(path), "no such directory")
@@ -271,7 +274,14 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
         str(path),
         "has no checkpoint: the run stopped before its first round ended; start it again",
     )
-    state = torch.load(state_path, weights_only=True)
+    try:
+        state = torch.load(state_path, weights_only=True)
+    except pickle.UnpicklingError as err:  # an object weights_only loading refuses to build
+        raise ScenarioError(
+            "--resume",
+            str(path),
+            f"{CHECKPOINT_DIR}/{STATE_FILE} is not a fedsim checkpoint: {err}",
+        ) from None
     require(state.get("format") == FORMAT, "--resume", str(path), "checkpoint format unknown")
     # The file as written, not as parsed: keys a newer fedsim added, with their
     # defaults, are no edit.
@@ -293,6 +303,7 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
         str(path),
         f"the run already finished all {rounds} rounds (raise federation.rounds to extend it)",
     )
+    restore_client_state(path)
     checkpoint = Checkpoint(
         run_dir=path,
         round=state["round"],

@@ -17,13 +17,7 @@ from rich.console import Console
 from clients.app import build_client_app
 from fedsim.audit.auditor import AUDIT_RESOURCE, Auditor
 from fedsim.audit.wrapper import AuditedStrategy
-from fedsim.checkpoint import (
-    Checkpoint,
-    Checkpointable,
-    Checkpointer,
-    restore_client_state,
-    restore_rng,
-)
+from fedsim.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
 from fedsim.components import component_params
 from fedsim.config import Scenario
 from fedsim.data import load_dataset
@@ -52,6 +46,15 @@ class RunResult:
     final_arrays: ArrayRecord
 
 
+def _ray_cpus(scenario: Scenario) -> int:
+    return scenario.backend.ray_cpus or os.cpu_count() or 1
+
+
+def actor_count(scenario: Scenario) -> int:
+    """Client actors Flower starts on this machine: one per ``num-cpus`` CPUs."""
+    return max(1, int(_ray_cpus(scenario) / scenario.backend.num_cpus))
+
+
 def backend_config(scenario: Scenario) -> dict[str, Any]:
     """Flower's backend config: client resources and ``ray.init`` arguments."""
     backend = scenario.backend
@@ -61,7 +64,7 @@ def backend_config(scenario: Scenario) -> dict[str, Any]:
     else:
         if scenario.audit.enabled:
             init_args["resources"] = {AUDIT_RESOURCE: scenario.audit.workers}
-        init_args["num_cpus"] = backend.ray_cpus or os.cpu_count() or 1
+        init_args["num_cpus"] = _ray_cpus(scenario)
         wants_gpu = backend.num_gpus > 0 or (scenario.audit.enabled and scenario.audit.num_gpus > 0)
         init_args["num_gpus"] = None if wants_gpu else 0
         init_args = {k: v for k, v in init_args.items() if v is not None}
@@ -87,6 +90,71 @@ def _quiet_logs() -> None:
         stale.unlink(missing_ok=True)
 
 
+def serve(
+    grid: Grid,
+    scenario: Scenario,
+    recorder: RunRecorder,
+    console: Console,
+    callbacks: tuple[RoundCallback, ...] = (),
+    resume: Checkpoint | None = None,
+) -> ArrayRecord:
+    """The server's side of a run on ``grid``: strategy, audit, resume, the rounds.
+
+    Returns the final global model; the run directory is ``recorder.run_dir``.
+    """
+    fed = scenario.federation
+    strategy_cls = STRATEGIES.get(scenario.strategy.name)
+    server = ServerResources(
+        scenario, load_dataset(scenario.data), pick_device(scenario.backend.num_gpus > 0)
+    )
+    sampler = PartitionSampler.discover(
+        grid,
+        fed.seed,
+        fed.sampled_per_round,
+        fed.evaluate_fraction,
+        expected=fed.num_clients,
+        probes=2 * actor_count(scenario),
+    )
+    strategy = strategy_cls(
+        component_params(strategy_cls, scenario.strategy, "strategy"), sampler, server
+    )
+    observers: tuple[Auditor, ...] = ()
+    if scenario.audit.enabled:
+        auditor = Auditor(
+            scenario, server.bundle, strategy_cls.client_routine, recorder.run_dir, console
+        )
+        strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
+    components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
+    checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, components)
+    if resume is None:
+        arrays = strategy.initial_arrays()
+    else:
+        arrays = resume.arrays
+        strategy.restore_checkpoint_state(resume.strategy)
+        for component in components:
+            component.load_state_dict(resume.components[component.checkpoint_key])
+        restore_rng(resume.rng)  # last: nothing may draw from them before the round
+    first_round = resume.round + 1 if resume is not None else 1
+    try:
+        return run_rounds(
+            strategy,
+            grid,
+            arrays,
+            range(first_round, fed.rounds + 1),
+            train_config=client_config_record(scenario.client),
+            evaluate_config={},
+            # The auditor adds its round means before the recorder writes the row;
+            # the checkpoint comes last, when the round's outputs are complete.
+            callbacks=(*observers, recorder, *callbacks, checkpointer),
+            timeout=scenario.failures.timeout,
+            partition_of=sampler.partition_of,
+            failures=FailurePlan.from_config(scenario.failures, fed.seed),
+        )
+    finally:
+        for observer in observers:
+            observer.finish()
+
+
 def run_scenario(
     scenario: Scenario,
     out: str | Path | None = None,
@@ -96,14 +164,13 @@ def run_scenario(
 ) -> RunResult:
     """Run ``scenario`` (already validated) as a Flower simulation on Ray.
 
-    With ``resume`` (see :func:`fedsim.checkpoint.open_resume`) the run
+    With ``resume`` (from :func:`fedsim.checkpoint.open_resume`) the run
     continues in the checkpoint's run directory after its last round.
     """
     from flwr.simulation import run_simulation
 
     console = console or Console(soft_wrap=True)
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
-    params = component_params(strategy_cls, scenario.strategy, "strategy")
     check_failures(scenario, strategy_cls.min_replies)
     fed = scenario.federation
     if resume is None:
@@ -111,8 +178,6 @@ def run_scenario(
         write_scenario(scenario, run_dir)
     else:
         run_dir = resume.run_dir
-        restore_client_state(run_dir)
-    first_round = resume.round + 1 if resume is not None else 1
     recorder = RunRecorder(run_dir, fed.rounds, console)
     outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
 
@@ -121,52 +186,7 @@ def run_scenario(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            server = ServerResources(
-                scenario, load_dataset(scenario.data), pick_device(scenario.backend.num_gpus > 0)
-            )
-            sampler = PartitionSampler.discover(
-                grid,
-                fed.seed,
-                fed.sampled_per_round,
-                fed.evaluate_fraction,
-                expected=fed.num_clients,
-            )
-            strategy = strategy_cls(params, sampler, server)
-            observers: tuple[Auditor, ...] = ()
-            if scenario.audit.enabled:
-                auditor = Auditor(
-                    scenario, server.bundle, strategy_cls.client_routine, run_dir, console
-                )
-                strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
-            components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
-            checkpointer = Checkpointer(run_dir, strategy, scenario, components)
-            if resume is None:
-                arrays = strategy.initial_arrays()
-            else:
-                arrays = resume.arrays
-                strategy.restore_checkpoint_state(resume.strategy)
-                for component in components:
-                    component.load_state_dict(resume.components[component.checkpoint_key])
-                restore_rng(resume.rng)  # last: nothing may draw from them before the round
-            try:
-                final = run_rounds(
-                    strategy,
-                    grid,
-                    arrays,
-                    range(first_round, fed.rounds + 1),
-                    train_config=client_config_record(scenario.client),
-                    evaluate_config={},
-                    # The auditor adds its round means before the recorder writes the row;
-                    # the checkpoint comes last, when the round's outputs are complete.
-                    callbacks=(*observers, recorder, *callbacks, checkpointer),
-                    timeout=scenario.failures.timeout,
-                    partition_of=sampler.partition_of,
-                    failures=FailurePlan.from_config(scenario.failures, fed.seed),
-                )
-            finally:
-                for observer in observers:
-                    observer.finish()
-            outcome.put(final)
+            outcome.put(serve(grid, scenario, recorder, console, callbacks, resume))
         except BaseException as err:  # re-raised in the caller's thread below
             outcome.put(err)
             raise

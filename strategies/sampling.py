@@ -81,11 +81,29 @@ class PartitionSampler:
         evaluate_fraction: float = 1.0,
         *,
         expected: int | None = None,
+        probes: int = 0,
         wait_s: float = 300.0,
     ) -> PartitionSampler:
-        """Map every connected node (at least ``expected`` of them) to its partition id."""
+        """Map every connected node (at least ``expected`` of them) to its partition id.
+
+        When the map comes from the registration order, ``probes`` nodes spread
+        over the partitions are queried all the same: their answers check the
+        map early, and the queries warm the simulation's actors (imports, data)
+        before the first round's reply deadline starts.
+        """
         nodes = _wait_for_nodes(grid, expected, wait_s)
-        mapping = _registration_order(grid, nodes) or _query_partitions(grid, nodes)
+        mapping = _registration_order(grid, nodes)
+        if mapping is None:
+            return cls(_query_partitions(grid, nodes), seed, per_round, evaluate_fraction)
+        spread = np.linspace(0, len(mapping) - 1, min(probes, len(mapping))).round()
+        answered = _query_partitions(grid, sorted({mapping[int(p)] for p in spread}))
+        wrong = [p for p, node in answered.items() if mapping.get(p) != node]
+        if wrong:
+            raise RuntimeError(
+                f"partition {wrong[0]} answered from node {answered[wrong[0]]}, not from the "
+                "node registered for it: Flower's simulation no longer registers "
+                "partitions in order"
+            )
         return cls(mapping, seed, per_round, evaluate_fraction)
 
     @property
