@@ -1,0 +1,348 @@
+"""Checkpoint and resume: a run stopped mid-way and resumed ends like an uninterrupted one.
+
+The Ray test really kills a ``fedsim run`` process (and its Ray processes)
+after round 2 of 4; the in-process tests stop a run inside round 3, after its
+clients wrote their private files, which is what makes resuming subtle.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import tomli_w
+import torch
+from flwr.app import ArrayRecord
+from inprocess import InProcessGrid, server_identity, tiny_table
+from rich.console import Console
+
+from clients.app import build_client_app
+from fedsim.checkpoint import (
+    STATE_FILE,
+    Checkpointer,
+    capture_rng,
+    checkpointed_round,
+    commit,
+    open_resume,
+    recover,
+    restore_client_state,
+    restore_rng,
+)
+from fedsim.cli import main as cli_main
+from fedsim.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from fedsim.loop import RoundRecord
+from fedsim.results import (
+    CHECKPOINT_DIR,
+    CLIENT_STATE_DIR,
+    CLIENTS_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    SCENARIO_FILE,
+    RunRecorder,
+    new_run_dir,
+    write_scenario,
+)
+from fedsim.runner import run_scenario, serve
+from strategies import STRATEGIES
+
+QUIET = Console(quiet=True)
+FEDSIM = Path(sys.executable).parent / "fedsim"
+
+# The Ray runs' scenario: 3 of 4 clients per round, one of them raises each round.
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "federation": {"num-clients": 4, "clients-per-round": 3, "rounds": 4, "seed": 3},
+    "data": {"dataset": "mnist-embedded", "normalize": True, "samples-per-client": 40},
+    "model": {"name": "lenet5-split"},
+    "client": {"local-steps": 2, "batch-size": 8, "optimizer": "adam", "lr": 0.003},
+    "failures": {"fraction": 0.34, "kind": "raise"},
+    "backend": {"num-cpus": 1},
+}
+
+
+def scenario_file(folder: Path) -> Path:
+    path = folder / "tiny.toml"
+    path.write_text(tomli_w.dumps(TINY))
+    return path
+
+
+@functools.cache
+def reference_run(root: Path) -> Path:
+    """An uninterrupted Ray run of ``TINY``, once per test session (several tests compare to it)."""
+    out = root / "reference"
+    run_scenario(load_scenario(scenario_file(root)), out, console=QUIET)
+    return out
+
+
+def outcome(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, torch.Tensor]]:
+    """A run's metrics (without wall seconds), per-client rows and final model."""
+    metrics = pd.read_csv(run_dir / METRICS_FILE).drop(columns="seconds")
+    clients = pd.read_csv(run_dir / CLIENTS_FILE)
+    return metrics, clients, torch.load(run_dir / MODEL_FILE, weights_only=True)
+
+
+def assert_same_outcome(a: Path, b: Path) -> None:
+    (metrics_a, clients_a, model_a), (metrics_b, clients_b, model_b) = outcome(a), outcome(b)
+    pd.testing.assert_frame_equal(metrics_a, metrics_b, check_exact=True)
+    pd.testing.assert_frame_equal(clients_a, clients_b, check_exact=True)
+    assert model_a.keys() == model_b.keys()
+    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+
+
+def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen[bytes], round_: int) -> int:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = checkpointed_round(run_dir)
+        if done is not None and done >= round_:
+            return done
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint of round {round_} (exit code {proc.poll()})")
+
+
+def _group_alive(pgid: int) -> bool:
+    result = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True)
+    return result.returncode == 0
+
+
+@pytest.mark.slow
+def test_run_killed_after_round_2_resumes_to_the_same_metrics(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    reference = reference_run(tmp_path_factory.getbasetemp())
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [str(FEDSIM), "run", str(scenario_file(tmp_path)), "--out", str(run)],
+        start_new_session=True,  # its own process group: the kill takes Ray's processes too
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        killed_after = _wait_for_checkpoint(run, proc, 2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    assert not _group_alive(proc.pid)
+    assert killed_after < 4
+    assert not (run / MODEL_FILE).exists()
+    scenario, checkpoint = open_resume(run)
+    assert checkpoint.round == killed_after
+    run_scenario(scenario, resume=checkpoint, console=QUIET)
+    assert_same_outcome(run, reference)
+
+
+class Crash(Exception):
+    """Stands in for a kill."""
+
+
+class CrashAt:
+    """Round callback that stops a run at the end of a round, before its checkpoint."""
+
+    def __init__(self, server_round: int) -> None:
+        self.server_round = server_round
+
+    def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
+        if record.round == self.server_round:
+            raise Crash
+
+
+def serve_in_process(
+    scenario: Scenario, run_dir: Path, crash_at: int = 0, resume: Any = None
+) -> ArrayRecord:
+    """A run's server side against the real ClientApp in this process (no Ray)."""
+    routine = STRATEGIES.get(scenario.strategy.name).client_routine
+    app = build_client_app(scenario, routine, run_dir / CLIENT_STATE_DIR)
+    grid = InProcessGrid(app, scenario.federation.num_clients)
+    recorder = RunRecorder(run_dir, scenario.federation.rounds, QUIET)
+    callbacks = (CrashAt(crash_at),) if crash_at else ()
+    with server_identity():
+        return serve(grid, scenario, recorder, QUIET, callbacks, resume)  # type: ignore[arg-type]
+
+
+def fresh_run_dir(scenario: Scenario, path: Path) -> Path:
+    run_dir = new_run_dir(scenario, path)
+    write_scenario(scenario, run_dir)
+    return run_dir
+
+
+def private_files(run_dir: Path) -> dict[str, dict[str, Any]]:
+    folder = run_dir / CLIENT_STATE_DIR
+    return {p.name: torch.load(p, weights_only=True) for p in sorted(folder.glob("*.pt"))}
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedsplit"])
+def test_stop_inside_round_3_then_resume_matches_an_uninterrupted_run(
+    tmp_path: Path, strategy: str
+) -> None:
+    # Two of four clients per round: private state must last across rounds a client sits out.
+    table = tiny_table({"name": strategy}, federation={"rounds": 4, "num-clients": 4})
+    table["federation"]["clients-per-round"] = 2
+    table["data"]["samples-per-client"] = 40
+    scenario = scenario_from_dict(table)
+    whole = fresh_run_dir(scenario, tmp_path / "whole")
+    serve_in_process(scenario, whole)
+    stopped = fresh_run_dir(scenario, tmp_path / "stopped")
+
+    with pytest.raises(Crash):
+        serve_in_process(scenario, stopped, crash_at=3)
+    assert checkpointed_round(stopped) == 2
+    assert 3 in pd.read_csv(stopped / METRICS_FILE)["round"].tolist()  # round 3 left traces
+    resumed_scenario, checkpoint = open_resume(stopped)
+    final = serve_in_process(resumed_scenario, stopped, resume=checkpoint)
+
+    pd.testing.assert_frame_equal(
+        pd.read_csv(whole / METRICS_FILE).drop(columns="seconds"),
+        pd.read_csv(stopped / METRICS_FILE).drop(columns="seconds"),
+        check_exact=True,
+    )
+    saved = torch.load(stopped / CHECKPOINT_DIR / STATE_FILE, weights_only=True)
+    assert saved["round"] == 4
+    assert all(torch.equal(saved["arrays"][k], v) for k, v in final.to_torch_state_dict().items())
+    expected, got = private_files(whole), private_files(stopped)
+    assert expected.keys() == got.keys()
+    for name, state in expected.items():
+        assert state["round"] == got[name]["round"]
+        assert all(torch.equal(t, got[name]["arrays"][k]) for k, t in state["arrays"].items())
+
+
+def _write(folder: Path, name: str, text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+
+
+def test_restoring_client_state_undoes_writes_after_the_checkpoint(tmp_path: Path) -> None:
+    live = tmp_path / CLIENT_STATE_DIR
+    _write(live, "partition-0.pt", "round 1")
+    commit(tmp_path, 1, {"round": 1})
+    _write(live, "partition-0.pt", "round 2, never checkpointed")
+    _write(live, "partition-1.pt", "new in round 2")
+    _write(live, "partition-1.tmp", "half written")
+
+    restore_client_state(tmp_path)
+
+    assert sorted(p.name for p in live.iterdir()) == ["partition-0.pt"]
+    assert (live / "partition-0.pt").read_text() == "round 1"
+
+
+def test_a_commit_killed_half_way_is_finished_on_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = tmp_path / CLIENT_STATE_DIR
+    _write(live, "partition-0.pt", "round 1")
+    commit(tmp_path, 1, {"round": 1})
+    _write(live, "partition-0.pt", "round 2")
+    _write(live, "partition-1.pt", "round 2")
+    replace = os.replace
+    calls = []
+
+    def dies_on_second_move(src: Any, dst: Any) -> None:
+        calls.append(src)
+        if len(calls) == 2:
+            raise Crash
+        replace(src, dst)
+
+    monkeypatch.setattr("fedsim.checkpoint.os.replace", dies_on_second_move)
+    with pytest.raises(Crash):
+        commit(tmp_path, 2, {"round": 2})
+    monkeypatch.undo()
+    _write(tmp_path / CHECKPOINT_DIR / "stage-3", STATE_FILE, "a stage the kill left")
+
+    recover(tmp_path)
+
+    assert checkpointed_round(tmp_path) == 2
+    mirror = tmp_path / CHECKPOINT_DIR / CLIENT_STATE_DIR
+    assert {p.name: p.read_text() for p in mirror.iterdir()} == {
+        "partition-0.pt": "round 2",
+        "partition-1.pt": "round 2",
+    }
+    assert sorted(p.name for p in (tmp_path / CHECKPOINT_DIR).iterdir()) == [
+        CLIENT_STATE_DIR,
+        STATE_FILE,
+    ]
+
+
+def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
+    state = capture_rng()
+    commit(tmp_path, 1, {"round": 1, "rng": state})
+    expected = torch.rand(3), float(np.random.rand())
+
+    restore_rng(torch.load(tmp_path / CHECKPOINT_DIR / STATE_FILE, weights_only=True)["rng"])
+
+    assert torch.equal(torch.rand(3), expected[0])
+    assert float(np.random.rand()) == expected[1]
+
+
+def checkpointed_run(tmp_path: Path, rounds: int = 4, done: int = 2) -> Path:
+    """A run directory with a checkpoint after round ``done`` (no simulation needed)."""
+    table = {**TINY, "federation": {**TINY["federation"], "rounds": rounds}}
+    scenario = scenario_from_dict(table)
+    run_dir = fresh_run_dir(scenario, tmp_path / "run")
+    recorder = RunRecorder(run_dir, rounds, QUIET)
+    record = RoundRecord(round=done, seconds=1.0, sampled=3, replies=3, failures=0)
+    recorder.on_round_end(record, ArrayRecord())
+    Checkpointer(run_dir, None, scenario, [recorder]).on_round_end(record, ArrayRecord())
+    return run_dir
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path: Path) -> None:
+    not_a_run = tmp_path / "empty"
+    not_a_run.mkdir()
+    no_checkpoint = fresh_run_dir(scenario_from_dict(TINY), tmp_path / "fresh")
+    finished = checkpointed_run(tmp_path / "finished", rounds=2, done=2)
+    edited = checkpointed_run(tmp_path / "edited")
+    scenario_path = edited / SCENARIO_FILE
+    scenario_path.write_text(scenario_path.read_text().replace("lr = 0.003", "lr = 0.1"))
+
+    for folder, reason in [
+        (tmp_path / "missing", "no such directory"),
+        (not_a_run, "not a fedsim run directory"),
+        (no_checkpoint, "has no checkpoint"),
+        (finished, "already finished all 2 rounds"),
+        (edited, "changed since the checkpoint (client.lr)"),
+    ]:
+        with pytest.raises(ScenarioError, match="--resume") as err:
+            open_resume(folder)
+        assert reason in str(err.value)
+
+
+def test_resume_may_extend_the_rounds(tmp_path: Path) -> None:
+    run_dir = checkpointed_run(tmp_path, rounds=2, done=2)
+    scenario_path = run_dir / SCENARIO_FILE
+    scenario_path.write_text(scenario_path.read_text().replace("rounds = 2", "rounds = 3"))
+
+    scenario, checkpoint = open_resume(run_dir)
+
+    assert (scenario.federation.rounds, checkpoint.round) == (3, 2)
+    assert checkpoint.components["recorder"]["rows"][0]["round"] == 2
+
+
+def test_checkpoints_load_weights_only(tmp_path: Path) -> None:
+    run_dir = checkpointed_run(tmp_path)
+    state_path = run_dir / CHECKPOINT_DIR / STATE_FILE
+    torch.save({"format": 1, "round": 2, "payload": Crash()}, state_path)  # arbitrary pickle
+
+    with pytest.raises(ScenarioError, match="not a fedsim checkpoint"):
+        open_resume(run_dir)
+
+
+def test_cli_reports_bad_resume_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = checkpointed_run(tmp_path)
+
+    assert cli_main(["run", "--resume", str(tmp_path / "nothing-here")]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert cli_main(["run", "scenarios/quickstart.toml", "--resume", str(run_dir)]) == 2
+    assert "takes no scenario file" in capsys.readouterr().err
