@@ -80,8 +80,9 @@ class GroundTruthOracle:
         shared = set(sent.keys())
         named = [(n, p) for n, p in model.named_parameters() if n in shared]
         loss = torch.nn.functional.cross_entropy(model(images[local]), labels[local])
-        grads = torch.autograd.grad(loss, [p for _, p in named])
-        gradient = {n: g.detach() for (n, _), g in zip(named, grads, strict=True)}
+        # FedCG's shared generator takes no part in the classification loss: no gradient.
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        gradient = {n: g.detach() for (n, _), g in zip(named, grads, strict=True) if g is not None}
         # What the client shares is its gradient after its own defences.
         gradient = protect_probe(self.scenario, gradient, len(local), server_round, partition)
         return gradient, self._truth(env, local)
