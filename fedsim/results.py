@@ -13,7 +13,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import tomli_w
@@ -83,7 +83,7 @@ class RunRecorder:
     console: Console = field(default_factory=lambda: Console(soft_wrap=True))
     rows: list[dict[str, Any]] = field(default_factory=list)
     client_rows: list[dict[str, Any]] = field(default_factory=list)
-    checkpoint_key: str = "recorder"
+    checkpoint_key: ClassVar[str] = "recorder"
 
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
         row: dict[str, Any] = {
@@ -152,6 +152,10 @@ def write_summary(scenario: Scenario, rows: list[dict[str, Any]], run_dir: Path)
         f"{_fmt(last.get('client-eval-acc', math.nan))}",
         f"- wall time in rounds: {total:.1f}s",
     ]
+    failures = [r for r in rows if r.get("failures", 0)]
+    if failures:
+        count = sum(int(r["failures"]) for r in failures)
+        lines.append(f"- client failures: {count} in {len(failures)} of {len(rows)} rounds")
     text = "\n".join(lines) + "\n"
     (run_dir / SUMMARY_FILE).write_text(text)
     return text

@@ -1,0 +1,341 @@
+"""fedsim's overhead over a bare Flower app and over a plain PyTorch loop, and where it goes.
+
+The same federation three ways, 10 clients, all sampled, 5 rounds, the
+quickstart's data, model and local training (``fedsim.training.train_local``):
+
+- ``torch``: one process, one thread, a Python loop over clients, FedAvg by hand;
+- ``flower``: a bare ``ClientApp`` + Flower's own ``FedAvg.start`` on
+  ``run_simulation`` with the same backend (one CPU per client actor);
+- ``fedsim``: ``fedsim.runner.run_scenario``.
+
+Each round does the same work: every client trains and evaluates, the server
+averages and evaluates the global model on the test set. A round's time is the
+wall time between the ends of consecutive rounds; the table gives the median of
+rounds 2-5 (round 1 includes the actors' first training) and the whole run's
+wall time, each the median over ``--repeats`` runs in fresh processes. Then a
+cProfile of fedsim's server thread and of its client handler, in process::
+
+    .venv/bin/python bench/overhead.py [--repeats 3] [--skip-profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENTS, ROUNDS = 10, 5
+OVERRIDES = [
+    f"federation.num-clients={CLIENTS}",
+    f"federation.clients-per-round={CLIENTS}",
+    f"federation.rounds={ROUNDS}",
+]
+
+
+def _scenario() -> Any:
+    from fedsim.config import load_scenario
+
+    return load_scenario(ROOT / "scenarios" / "quickstart.toml", OVERRIDES)
+
+
+def _round_times(ends: list[float], started: float) -> dict[str, Any]:
+    durations = [b - a for a, b in zip([started, *ends], ends, strict=False)]
+    return {"rounds": durations, "round_s": statistics.median(durations[1:])}
+
+
+def run_torch() -> dict[str, Any]:
+    """The federation as a plain loop: no Flower, no Ray, no messages."""
+    import torch
+
+    from fedsim.data import load_dataset
+    from fedsim.models import InputSpec, build_model
+    from fedsim.partition import partition_dataset
+    from fedsim.training import derive_seed, evaluate, train_local
+
+    torch.set_num_threads(1)  # as each client actor (Ray gives it one CPU)
+    scenario = _scenario()
+    started = time.perf_counter()
+    bundle = load_dataset(scenario.data)
+    splits = partition_dataset(scenario.data, CLIENTS, scenario.federation.seed)
+    spec = InputSpec(bundle.channels, bundle.image_size, bundle.num_classes)
+    global_state = build_model(scenario.model, spec, seed=0).state_dict()
+    ends = []
+    for server_round in range(1, ROUNDS + 1):
+        states, weights = [], []
+        for partition, split in enumerate(splits):
+            model = build_model(scenario.model, spec, seed=0)
+            model.load_state_dict(global_state)
+            idx = torch.from_numpy(split.train)
+            seed = derive_seed(0, server_round, partition)
+            stats = train_local(
+                model, bundle.train_images[idx], bundle.train_labels[idx], scenario.client, seed
+            )
+            states.append(model.state_dict())
+            weights.append(stats.examples)
+        total = sum(weights)
+        global_state = {
+            k: sum(w * s[k].float() for w, s in zip(weights, states, strict=True)) / total
+            for k in global_state
+        }
+        model = build_model(scenario.model, spec, seed=0)
+        model.load_state_dict(global_state)
+        for split in splits:
+            idx = torch.from_numpy(split.test)
+            evaluate(model, bundle.train_images[idx], bundle.train_labels[idx])
+        evaluate(model, bundle.test_images, bundle.test_labels)
+        ends.append(time.perf_counter())
+    return {**_round_times(ends, started), "wall_s": time.perf_counter() - started}
+
+
+def run_flower() -> dict[str, Any]:
+    """A bare Flower app with the same training code, on the same simulation backend."""
+    import torch
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    from fedsim.data import load_dataset
+    from fedsim.models import InputSpec, build_model
+    from fedsim.partition import partition_dataset
+    from fedsim.runner import _quiet_logs, backend_config
+    from fedsim.training import derive_seed, evaluate, train_local
+
+    scenario = _scenario()
+
+    def world(context: Context) -> tuple[Any, Any, Any]:
+        bundle = load_dataset(scenario.data)
+        split = partition_dataset(scenario.data, CLIENTS, 0)[
+            int(context.node_config["partition-id"])
+        ]
+        spec = InputSpec(bundle.channels, bundle.image_size, bundle.num_classes)
+        return bundle, split, build_model(scenario.model, spec, seed=0)
+
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        bundle, split, model = world(context)
+        model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+        idx = torch.from_numpy(split.train)
+        partition = int(context.node_config["partition-id"])
+        server_round = msg.content.config_records["config"]["server-round"]
+        seed = derive_seed(0, int(server_round), partition)  # type: ignore[arg-type]
+        stats = train_local(
+            model, bundle.train_images[idx], bundle.train_labels[idx], scenario.client, seed
+        )
+        metrics = MetricRecord({"train-loss": stats.mean_loss, "num-examples": stats.examples})
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+        return Message(content=content, reply_to=msg)
+
+    @client.evaluate()
+    def evaluate_client(msg: Message, context: Context) -> Message:
+        bundle, split, model = world(context)
+        model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+        idx = torch.from_numpy(split.test)
+        loss, acc = evaluate(model, bundle.train_images[idx], bundle.train_labels[idx])
+        metrics = MetricRecord({"eval-loss": loss, "eval-acc": acc, "num-examples": len(idx)})
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    ends: list[float] = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        bundle = load_dataset(scenario.data)
+        spec = InputSpec(bundle.channels, bundle.image_size, bundle.num_classes)
+
+        def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+            model = build_model(scenario.model, spec, seed=0)
+            model.load_state_dict(arrays.to_torch_state_dict())
+            loss, acc = evaluate(model, bundle.test_images, bundle.test_labels)
+            if server_round:
+                ends.append(time.perf_counter())
+            return MetricRecord({"test-loss": loss, "test-acc": acc})
+
+        strategy = FedAvg(min_train_nodes=CLIENTS, min_evaluate_nodes=CLIENTS)
+        initial = ArrayRecord(build_model(scenario.model, spec, seed=0).state_dict())
+        ends.append(time.perf_counter())  # round 1 starts after the round-0 evaluation
+        strategy.start(grid, initial, num_rounds=ROUNDS, evaluate_fn=evaluate_fn)
+
+    _quiet_logs()
+    started = time.perf_counter()
+    run_simulation(server, client, num_supernodes=CLIENTS, backend_config=backend_config(scenario))
+    wall = time.perf_counter() - started
+    return {**_round_times(ends[1:], ends[0]), "wall_s": wall}
+
+
+class _RoundEnds:
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_round_end(self, record: Any, arrays: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+
+def run_fedsim(profile_to: Path | None = None) -> dict[str, Any]:
+    """fedsim itself; with ``profile_to``, its server thread under cProfile."""
+    from rich.console import Console
+
+    import fedsim.runner as runner
+
+    serve = runner.serve
+    starts: list[float] = []
+
+    def timed_serve(*args: Any, **kwargs: Any) -> Any:
+        profiler = cProfile.Profile() if profile_to else None
+        original_run_rounds = runner.run_rounds
+
+        def marked_run_rounds(*a: Any, **k: Any) -> Any:
+            starts.append(time.perf_counter())
+            return original_run_rounds(*a, **k)
+
+        runner.run_rounds = marked_run_rounds
+        try:
+            if profiler is None:
+                return serve(*args, **kwargs)
+            result = profiler.runcall(serve, *args, **kwargs)
+            profiler.dump_stats(str(profile_to))
+            return result
+        finally:
+            runner.run_rounds = original_run_rounds
+
+    runner.serve = timed_serve
+    ends = _RoundEnds()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        runner.run_scenario(_scenario(), Path(out) / "run", Console(quiet=True), (ends,))
+    wall = time.perf_counter() - started
+    return {**_round_times(ends.ends, starts[0]), "wall_s": wall}
+
+
+def measure(kind: str, repeats: int) -> dict[str, Any]:
+    """Median round time and wall time over ``repeats`` fresh processes."""
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", kind],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    return {
+        "round_s": statistics.median(r["round_s"] for r in runs),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "runs": runs,
+    }
+
+
+def _top(stats: pstats.Stats, title: str, pattern: str, lines: int) -> str:
+    buffer = io.StringIO()
+    stats.stream = buffer  # type: ignore[attr-defined]
+    stats.sort_stats("cumulative").print_stats(pattern, lines)
+    body = buffer.getvalue()
+    return f"--- {title}\n" + body[body.find("   ncalls") :]
+
+
+def profile() -> str:
+    """fedsim's server thread (one run) and its client handler (in process), by cumulative time."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server_file = Path(tmp) / "server.prof"
+        subprocess.run(
+            [sys.executable, __file__, "--child", "fedsim", "--profile-to", str(server_file)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        server = pstats.Stats(str(server_file))
+    report = _top(server, "server thread, fedsim and flwr frames", "fedsim|strategies|flwr", 25)
+    return report + profile_client()
+
+
+def profile_client() -> str:
+    """One client's train and evaluate handlers called in process, after a warm-up call."""
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from clients.app import build_client_app
+    from fedsim.data import load_dataset
+    from fedsim.training import client_config_record
+    from strategies.fedavg import ServerResources
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+    scenario = _scenario()
+    app = build_client_app(scenario, "fedavg")
+    context = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 0, "num-partitions": CLIENTS},
+        state=RecordDict(),
+        run_config={},
+    )
+    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    arrays = ArrayRecord(server.model().state_dict())
+    config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
+
+    def call(kind: str) -> None:
+        content = RecordDict({"arrays": arrays, "config": config})
+        app(Message(content=content, dst_node_id=7, message_type=kind), context)
+
+    call(MessageType.TRAIN)
+    profiler = cProfile.Profile()
+    for _ in range(3):
+        profiler.runcall(call, MessageType.TRAIN)
+        profiler.runcall(call, MessageType.EVALUATE)
+    stats = pstats.Stats(profiler)
+    return _top(
+        stats, "client handler x3 (train + evaluate)", "fedsim|clients|flwr|torch/optim", 25
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-profile", action="store_true")
+    parser.add_argument("--child", choices=["torch", "flower", "fedsim"], help=argparse.SUPPRESS)
+    parser.add_argument("--profile-to", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        if args.profile_to:
+            result = run_fedsim(args.profile_to)
+        else:
+            result = {"torch": run_torch, "flower": run_flower, "fedsim": run_fedsim}[args.child]()
+        print(json.dumps(result))
+        return
+    results = {kind: measure(kind, args.repeats) for kind in ("torch", "flower", "fedsim")}
+    fedsim, flower, torch_ = results["fedsim"], results["flower"], results["torch"]
+    print(f"{CLIENTS} clients, {ROUNDS} rounds, median of {args.repeats} runs")
+    print(f"{'':8} {'s/round':>8} {'wall s':>8}")
+    for kind, r in results.items():
+        print(f"{kind:8} {r['round_s']:>8.2f} {r['wall_s']:>8.1f}")
+    print(
+        f"fedsim / flower: {fedsim['round_s'] / flower['round_s']:.3f} per round, "
+        f"{fedsim['wall_s'] / flower['wall_s']:.3f} wall; "
+        f"fedsim / torch: {fedsim['round_s'] / torch_['round_s']:.2f} per round, "
+        f"{fedsim['wall_s'] / torch_['wall_s']:.2f} wall"
+    )
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "overhead.json").write_text(json.dumps(results, indent=2))
+    if not args.skip_profile:
+        report = profile()
+        (out / "overhead-profile.txt").write_text(report)
+        print(report)
+
+
+if __name__ == "__main__":
+    main()
