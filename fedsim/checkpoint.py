@@ -29,6 +29,7 @@ audit's rows) joins the checkpoint by implementing :class:`Checkpointable`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -83,7 +84,6 @@ class Checkpoint:
     strategy: dict[str, Any]
     rng: dict[str, Any]
     components: dict[str, dict[str, Any]]
-    scenario: dict[str, Any]
 
 
 def _plain(value: Any) -> Any:
@@ -124,9 +124,14 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 
 def _files(root: Path) -> dict[str, os.stat_result]:
-    if not root.is_dir():
-        return {}
-    return {p.relative_to(root).as_posix(): p.stat() for p in root.rglob("*") if p.is_file()}
+    # A client that missed the reply deadline may still be writing (a temporary
+    # file renamed away mid-scan); what vanishes is left to the next checkpoint.
+    found: dict[str, os.stat_result] = {}
+    for path in root.rglob("*") if root.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_file():
+                found[path.relative_to(root).as_posix()] = path.stat()
+    return found
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int]:
@@ -148,7 +153,8 @@ def _differences(source: Path, target: Path) -> tuple[list[str], list[str]]:
 def _copy(source: Path, target: Path, files: Sequence[str]) -> None:
     for rel in files:
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / rel, target / rel)
+        with contextlib.suppress(FileNotFoundError):  # see _files
+            shutil.copy2(source / rel, target / rel)
 
 
 def _apply(checkpoint_dir: Path, commit: Path) -> None:
@@ -311,6 +317,5 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
         strategy=state["strategy"],
         rng=state["rng"],
         components=state["components"],
-        scenario=state["scenario"],
     )
     return scenario, checkpoint
