@@ -11,6 +11,7 @@ ground truth through it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -77,3 +78,29 @@ class Attack(ABC):
     @abstractmethod
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:
         """Recover the victim's batch from ``observation`` alone."""
+
+    def reconstruct_many(
+        self, observations: Sequence[Observation], seed: int = 0
+    ) -> list[Reconstruction]:
+        """Attack several observations (one by one here; batched where an attack can)."""
+        return [self.reconstruct(obs, seed) for obs in observations]
+
+
+def create_attack(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    key: str = "attack",
+) -> Attack:
+    """The attack registered as ``name`` with ``params``, a kebab-case table.
+
+    The table is validated strictly against the attack's ``Params`` (unknown
+    keys and bad values raise :class:`~fedsim.config.ScenarioError` naming
+    ``key.<field>``); absent keys keep the paper's defaults.
+    """
+    from attacks import ATTACKS
+    from fedsim.config import parse_table
+
+    cls = ATTACKS.get(name)
+    attack: Attack = cls(parse_table(cls.Params, dict(params or {}), key), device=device)
+    return attack

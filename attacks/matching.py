@@ -122,7 +122,8 @@ class _Group:
 
     model: SplitNet
     names: list[str]  # shared parameter names, the layers matched
-    params: dict[str, torch.Tensor]  # every parameter, stacked over victims
+    params: dict[str, torch.Tensor]  # every parameter, stacked over victims (or one copy)
+    shared_model: bool  # every victim received the same global model
     target: list[torch.Tensor]  # observed gradients, stacked over victims
     constants: list[torch.Tensor]  # the distance's per-victim constants, stacked
     labels: torch.Tensor | None  # fixed one-hot targets (V, B, K), or None when joint
@@ -211,12 +212,17 @@ class GradientMatchingAttack(Attack):
         def stack(items: list[list[torch.Tensor]]) -> list[torch.Tensor]:
             return [torch.stack(column) for column in zip(*items, strict=True)]
 
+        # Clients of one round got the same global model: keep one copy, so the
+        # batched forward uses plain convolutions instead of per-row (grouped) ones.
+        same = all(torch.equal(p[k], per_victim_params[0][k]) for p in per_victim_params for k in p)
         return _Group(
             model=model,
             names=names,
             params={
-                k: torch.stack([p[k] for p in per_victim_params]) for k in per_victim_params[0]
+                k: torch.stack([p[k] for p in per_victim_params[: 1 if same else None]])
+                for k in per_victim_params[0]
             },
+            shared_model=same,
             target=stack(targets),
             constants=stack(constants) if constants[0] else [],
             labels=torch.stack(labels) if labels else None,
@@ -244,7 +250,7 @@ class GradientMatchingAttack(Attack):
         problem = self._problem_distance(group)
         batch, channels, height, width = group.image_shape
         pixels = batch * channels * height * width
-        one_victim = next(iter(group.params.values())).shape[0] == 1
+        batched_params = None if group.shared_model else 0
 
         def objective(z: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             z = z.detach().requires_grad_(True)
@@ -254,25 +260,23 @@ class GradientMatchingAttack(Attack):
                 y = z[:, pixels:].reshape(-1, batch, group.num_classes).softmax(dim=-1)
             else:
                 y = group.labels[victims]
-            params: dict[str, torch.Tensor] = {k: v[victims] for k, v in group.params.items()}
+            pick = victims[:1] if group.shared_model else victims
+            params = {k: v[pick] for k, v in group.params.items()}
             target = [t[victims] for t in group.target]
             constants = [c[victims] for c in group.constants]
             if len(rows) == 1:
                 # vmap costs more than it saves for a single problem.
-                unbatched = (
+                first = (
                     {k: v[0] for k, v in params.items()},
                     [t[0] for t in target],
                     [c[0] for c in constants],
                 )
-                value = problem(*unbatched, x[0], y[0])[None]
-            elif one_victim:
-                # A shared model stays unbatched: a plain batched forward instead of
-                # per-row (grouped) convolutions.
-                head = ({k: v[0] for k, v in params.items()}, [t[0] for t in target])
-                consts = [c[0] for c in constants]
-                value = vmap(problem, in_dims=(None, None, None, 0, 0))(*head, consts, x, y)
+                value = problem(*first, x[0], y[0])[None]
             else:
-                value = vmap(problem)(params, target, constants, x, y)
+                if group.shared_model:
+                    params = {k: v[0] for k, v in params.items()}
+                in_dims = (batched_params, 0, 0, 0, 0)
+                value = vmap(problem, in_dims=in_dims)(params, target, constants, x, y)
             (grad,) = torch.autograd.grad(value.sum(), z)
             return value.detach(), grad
 

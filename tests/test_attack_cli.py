@@ -1,0 +1,69 @@
+"""``fedsim attack``: a table, a CSV, a grid and the settings, from one command."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fedsim.cli import main
+from fedsim.commands.attack import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
+
+
+def test_attack_command_writes_its_table_grid_and_settings(tmp_path: Path) -> None:
+    out = tmp_path / "attack"
+
+    status = main(
+        [
+            "attack",
+            "--attack", "sapag",
+            "--dataset", "mnist-samples",
+            "--batch-size", "2",
+            "--num-images", "4",
+            "--steps", "2",
+            "--restarts", "1",
+            "--set", "labels=infer",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+
+    assert status == 0
+    table = pd.read_csv(out / RESULTS_FILE)
+    assert list(table["batch"]) == [0, 1]
+    assert {"psnr", "ssim", "mse", "label-acc", "final-objective", "seconds"} <= set(table.columns)
+    assert (table["label-acc"] == 1.0).all()  # counting, at batch 2
+    assert (out / GRID_FILE).stat().st_size > 0
+    settings = tomllib.loads((out / SETTINGS_FILE).read_text())
+    assert settings["params"]["labels"] == "infer"
+    assert settings["params"]["steps"] == 2
+    assert settings["run"]["attack"] == "sapag"
+
+
+def test_lfw_faces_get_a_classifier_of_ten(tmp_path: Path) -> None:
+    status = main(
+        ["attack", "--dataset", "lfw-faces", "--num-images", "1", "--steps", "1",
+         "--restarts", "1", "--out", str(tmp_path)]
+    )  # fmt: skip
+
+    assert status == 0
+    assert pd.read_csv(tmp_path / RESULTS_FILE)["labels"].tolist() == [0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--attack", "nope"], "--attack = 'nope'"),
+        (["--set", "labels=maybe"], "attack.labels = 'maybe'"),
+        (["--set", "restart=2"], "attack.restart"),
+        (["--batch-size", "3", "--num-images", "4"], "--num-images = 4"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["attack", *args, "--out", str(tmp_path)])
+
+    assert status == 2
+    assert message in capsys.readouterr().err
