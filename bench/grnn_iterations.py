@@ -24,9 +24,10 @@ import torch.nn.functional as F
 
 from attacks.base import Observation
 from attacks.grnn import GRNN, GrnnGenerator, total_variation
-from fedsim.config import ClientConfig, DataConfig, ModelConfig
+from fedsim.config import DataConfig, ModelConfig
 from fedsim.data import load_dataset
 from fedsim.models import InputSpec, SplitNet, build_model
+from fedsim.probe import gradient_probe
 
 MODEL = ModelConfig("lenet5-grnn", "uniform")
 
@@ -37,22 +38,7 @@ def probe(batch: int, seed: int = 0) -> tuple[SplitNet, Observation]:
     spec = InputSpec(data.channels, data.image_size, data.num_classes)
     model = build_model(MODEL, spec, seed=seed)
     images, labels = data.train_images[:batch], data.train_labels[:batch]
-    grads = torch.autograd.grad(F.cross_entropy(model(images), labels), list(model.parameters()))
-    names = [n for n, _ in model.named_parameters()]
-    observation = Observation(
-        round=1,
-        client_id=0,
-        threat_model="probe",
-        shared_kind="gradient",
-        shared=dict(zip(names, grads, strict=True)),
-        global_params={n: p.detach().clone() for n, p in model.named_parameters()},
-        model=MODEL,
-        input_spec=spec,
-        normalization=data.normalization,
-        train_config=ClientConfig(batch_size=batch),
-        num_examples=batch,
-    )
-    return model, observation
+    return model, gradient_probe(model, MODEL, spec, images, labels, data.normalization).observation
 
 
 def minimal_loop(
