@@ -61,7 +61,7 @@ class Exchange:
     are answered, since a straggler holds its Ray actor until the deadline and
     healthy clients queued behind it would time out too. Messages left
     unanswered are pulled (and so deleted from Flower's store) later, because
-    the simulation scans every stored message for every node ten times a second.
+    the simulation scans its whole message store ten times a second.
     """
 
     def __init__(
