@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from attacks.base import Attack, Observation, Reconstruction
-from attacks.gradients import soft_cross_entropy, target_gradient, victim_model
+from attacks.gradients import batch_gradient, soft_cross_entropy, target_gradient, victim_model
 from attacks.labels import infer_labels, label_method
 from attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
 from fedsim.config import require
@@ -230,24 +230,35 @@ class GradientMatchingAttack(Attack):
             num_classes=spec.num_classes,
         )
 
-    def _problem_distance(self, group: _Group) -> Any:
-        """``(params, target, constants, images, soft_labels) -> distance`` for one problem."""
+    def _problem_distance(self, group: _Group, transform: bool) -> Any:
+        """``(params, target, constants, images, soft_labels) -> distance`` for one problem.
+
+        ``transform``: take the dummy gradient with ``torch.func.grad`` (what
+        ``vmap`` needs); otherwise with plain autograd, which skips functorch's
+        per-call overhead when a problem runs alone.
+        """
         model, names = group.model, group.names
 
         def loss(shared, fixed, x, y):
             return soft_cross_entropy(functional_call(model, {**fixed, **shared}, (x,)), y)
 
         def problem(params, target, constants, x, y):
-            shared = {n: params[n] for n in names}
-            fixed = {n: p for n, p in params.items() if n not in shared}
-            grads = torch.func.grad(loss)(shared, fixed, x, y)
-            return self.distance([grads[n] for n in names], target, constants)
+            if transform:
+                shared = {n: params[n] for n in names}
+                fixed = {n: p for n, p in params.items() if n not in shared}
+                by_name = torch.func.grad(loss)(shared, fixed, x, y)
+                grads = [by_name[n] for n in names]
+            else:
+                leaves = {n: p.detach() for n, p in params.items()}
+                grads = batch_gradient(model, leaves, x, y, names)
+            return self.distance(grads, target, constants)
 
         return problem
 
     def _objective(self, group: _Group, restarts: int) -> Any:
         """The batched objective over rows ``(victim, restart)`` for the optimiser."""
-        problem = self._problem_distance(group)
+        problem = self._problem_distance(group, transform=True)
+        lone = self._problem_distance(group, transform=False)
         batch, channels, height, width = group.image_shape
         pixels = batch * channels * height * width
         batched_params = None if group.shared_model else 0
@@ -260,21 +271,18 @@ class GradientMatchingAttack(Attack):
                 y = z[:, pixels:].reshape(-1, batch, group.num_classes).softmax(dim=-1)
             else:
                 y = group.labels[victims]
-            pick = victims[:1] if group.shared_model else victims
-            params = {k: v[pick] for k, v in group.params.items()}
             target = [t[victims] for t in group.target]
             constants = [c[victims] for c in group.constants]
+            if group.shared_model:
+                params = {k: v[0] for k, v in group.params.items()}
+            else:
+                params = {k: v[victims] for k, v in group.params.items()}
             if len(rows) == 1:
                 # vmap costs more than it saves for a single problem.
-                first = (
-                    {k: v[0] for k, v in params.items()},
-                    [t[0] for t in target],
-                    [c[0] for c in constants],
-                )
-                value = problem(*first, x[0], y[0])[None]
+                one = params if group.shared_model else {k: v[0] for k, v in params.items()}
+                value = lone(one, [t[0] for t in target], [c[0] for c in constants], x[0], y[0])
+                value = value[None]
             else:
-                if group.shared_model:
-                    params = {k: v[0] for k, v in params.items()}
                 in_dims = (batched_params, 0, 0, 0, 0)
                 value = vmap(problem, in_dims=in_dims)(params, target, constants, x, y)
             (grad,) = torch.autograd.grad(value.sum(), z)
@@ -360,7 +368,7 @@ class GradientMatchingAttack(Attack):
                         "restart_objectives": final[v].tolist(),
                         "chosen_restart": best,
                         "diverged_restarts": int(optimizer.diverged.view(victims, -1)[v].sum()),
-                        "evaluations": int(optimizer.evaluations[row]),
+                        "evaluations": optimizer.evaluations.view(victims, -1)[v].tolist(),
                         "labels": "joint" if group.labels is None else label_method(obs),
                         "batched_problems": victims * restarts,
                     },
