@@ -217,7 +217,8 @@ class Auditor:
             "iterations": rec.iterations,
             "restarts": rec.restarts,
             "final-objective": rec.final_objective,
-            "seconds": time.perf_counter() - job.submitted,
+            "seconds": rec.seconds,
+            "wall-seconds": time.perf_counter() - job.submitted,
             "attack-params": repr(job.attack.params),
         }
         folder = self.run_dir / AUDIT_IMAGES
