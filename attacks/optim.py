@@ -229,22 +229,17 @@ class BatchedAdamW(BatchedOptimizer):
         weight_decay: float = 0.01,
     ) -> None:
         super().__init__(z, bounds)
-        self.z.requires_grad_(True)
+        # The gradient comes from the objective, so z itself needs no autograd:
+        # AdamW only reads ``z.grad``.
         self.optimizer = torch.optim.AdamW([self.z], lr=lr, weight_decay=weight_decay)
 
     def step(self, objective: Objective) -> torch.Tensor:
         """One AdamW update per live row."""
-        with torch.no_grad():
-            live = self.evaluate(objective, ~self.diverged)
-            self.z.grad = torch.where(live[:, None], self.grad, torch.zeros_like(self.grad))
-            frozen = self.z[~live].clone()
+        live = self.evaluate(objective, ~self.diverged)
+        self.z.grad = torch.where(live[:, None], self.grad, torch.zeros_like(self.grad))
+        frozen = self.z[~live].clone()
         self.optimizer.step()
-        with torch.no_grad():
-            self.z[~live] = frozen  # weight decay must not move a stopped row
+        self.z[~live] = frozen  # weight decay must not move a stopped row
         if self.bounds is not None:
             self.project(*self.bounds)
         return self.loss.clone()
-
-    def project(self, lower: torch.Tensor, upper: torch.Tensor) -> None:
-        with torch.no_grad():
-            super().project(lower, upper)

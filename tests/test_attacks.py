@@ -20,7 +20,7 @@ from attacks import ATTACKS
 from attacks.base import Observation, create_attack
 from attacks.dlg import DLG, DLGParams
 from attacks.gradients import target_gradient
-from attacks.optim import BatchedLBFGS
+from attacks.optim import BatchedAdamW, BatchedLBFGS
 from attacks.sapag import SAPAGParams
 from fedsim.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
 from fedsim.data import Normalization, load_dataset
@@ -95,34 +95,54 @@ def test_a_probe_keeps_the_batch_out_of_its_observation() -> None:
     assert probe.observation.num_examples == 1
 
 
-def test_attacks_run_on_a_fake_observation_without_any_data() -> None:
-    # Random "gradients": nothing here ever came from an image.
+def _fake_observation(batch: int, shared_prefix: str = "") -> Observation:
+    """Random "gradients" for LeNet-Zhu: nothing here ever came from an image."""
     spec = InputSpec(3, 32, 10)
     model = build_model(LENET, spec, seed=0)
     gen = torch.Generator().manual_seed(0)
     params = {n: p.detach() for n, p in model.named_parameters()}
-    fake = Observation(
+    return Observation(
         round=1,
         client_id=0,
         threat_model="probe",
         shared_kind="gradient",
-        shared={n: 1e-3 * torch.randn(p.shape, generator=gen) for n, p in params.items()},
+        shared={
+            n: 1e-3 * torch.randn(p.shape, generator=gen)
+            for n, p in params.items()
+            if n.startswith(shared_prefix)
+        },
         global_params=params,
         model=LENET,
         input_spec=spec,
         normalization=Normalization.identity(3),
-        train_config=ClientConfig(batch_size=1, local_steps=1),
-        num_examples=1,
+        train_config=ClientConfig(batch_size=batch, local_steps=1),
+        num_examples=batch,
     )
 
-    for name in ("dlg", "sapag"):
-        rec = create_attack(name, {"steps": 2, "restarts": 2}).reconstruct(fake, seed=0)
 
-        assert rec.images.shape == (1, 3, 32, 32)
-        assert 0.0 <= float(rec.images.min()) <= float(rec.images.max()) <= 1.0
-        assert rec.labels.shape == (1,)
-        assert len(rec.objective_trace) == 2
-        assert math.isfinite(rec.final_objective)
+@pytest.mark.parametrize(
+    ("name", "params", "batch", "shared_prefix"),
+    [
+        ("dlg", {}, 1, ""),
+        ("sapag", {}, 1, ""),
+        ("dlg", {"optimizer": "adamw", "labels": "infer"}, 2, ""),
+        ("sapag", {"clamp": "step", "dummy-init": "constant", "labels": "infer"}, 2, ""),
+        ("sapag", {"dummy-init": "uniform", "layer-weights": [1, 0.5, 0.2, 0.1]}, 1, ""),
+        ("dlg", {}, 1, "classifier"),  # FedSplit: the extractor is the attacker's guess
+    ],
+)
+def test_attacks_run_on_a_fake_observation_without_any_data(
+    name: str, params: dict[str, object], batch: int, shared_prefix: str
+) -> None:
+    fake = _fake_observation(batch, shared_prefix)
+
+    rec = create_attack(name, {"steps": 2, "restarts": 2, **params}).reconstruct(fake, seed=0)
+
+    assert rec.images.shape == (batch, 3, 32, 32)
+    assert 0.0 <= float(rec.images.min()) <= float(rec.images.max()) <= 1.0
+    assert rec.labels.shape == (batch,)
+    assert len(rec.objective_trace) == 2
+    assert math.isfinite(rec.final_objective)
 
 
 def test_an_update_is_read_back_as_the_gradient() -> None:
@@ -215,6 +235,30 @@ def test_batched_lbfgs_is_torch_lbfgs_row_by_row() -> None:
 
         assert torch.allclose(batched.z[r], x.detach(), rtol=0, atol=1e-12)
         assert int(batched.evaluations[r]) == reference.state[x]["func_evals"]
+
+
+def test_batched_adamw_is_torch_adamw_row_by_row() -> None:
+    rows, dim = 3, 10
+    scale, centre = _smooth_problems(rows, dim)
+    start = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def objective(z: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = z.detach().requires_grad_(True)
+        value = _smooth(z, scale[idx], centre[idx])
+        return value.detach(), torch.autograd.grad(value.sum(), z)[0]
+
+    batched = BatchedAdamW(start, lr=0.05)
+    for _ in range(20):
+        batched.step(objective)
+    for r in range(rows):
+        x = start[r].clone().requires_grad_(True)
+        reference = torch.optim.AdamW([x], lr=0.05)
+        for _ in range(20):
+            reference.zero_grad()
+            _smooth(x, scale[r], centre[r]).backward()
+            reference.step()
+
+        assert torch.allclose(batched.z[r], x.detach(), rtol=0, atol=1e-12)
 
 
 def test_a_diverging_row_stops_at_its_last_finite_point() -> None:
