@@ -132,6 +132,15 @@ def save_model(arrays: ArrayRecord, run_dir: Path) -> None:
     torch.save(arrays.to_torch_state_dict(), run_dir / MODEL_FILE)
 
 
+def accuracy_line(last: dict[str, Any], best: float) -> str:
+    """Final accuracies; strategies without a global model report only their clients'."""
+    client = f"final client-eval accuracy: {_fmt(last.get('client-eval-acc', math.nan))}"
+    test = last.get("test-acc", math.nan)
+    if math.isnan(test):
+        return f"- no global model to test (personalised evaluation); {client}"
+    return f"- final test accuracy: {_fmt(test)} (best {_fmt(best)}); {client}"
+
+
 def write_summary(scenario: Scenario, rows: list[dict[str, Any]], run_dir: Path) -> str:
     """A short markdown summary of the run (also returned for printing)."""
     last = rows[-1] if rows else {}
@@ -147,9 +156,7 @@ def write_summary(scenario: Scenario, rows: list[dict[str, Any]], run_dir: Path)
         f"({scenario.data.partitioner.name})",
         f"- clients: {scenario.federation.num_clients}, "
         f"{scenario.federation.sampled_per_round} per round; rounds: {len(rows)}",
-        f"- final test accuracy: {_fmt(last.get('test-acc', math.nan))} "
-        f"(best {_fmt(best)}); final client-eval accuracy: "
-        f"{_fmt(last.get('client-eval-acc', math.nan))}",
+        accuracy_line(last, best),
         f"- wall time in rounds: {total:.1f}s",
     ]
     failures = [r for r in rows if r.get("failures", 0)]
