@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.config import Scenario
 from fedsim.data import DatasetBundle, load_dataset
-from fedsim.models import InputSpec, SplitNet, build_model
+from fedsim.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.partition import ClientSplit, partition_dataset
 from fedsim.training import (
     LossFn,
@@ -73,12 +73,9 @@ class ClientEnv:
 
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """A zoo model on this client's device, loaded with ``arrays`` (may be partial)."""
-        model = build_model(
-            self.scenario.model, self.input_spec, seed=self.scenario.federation.seed
-        )
-        if arrays is not None:
-            model.load_state_dict(arrays.to_torch_state_dict(), strict=False)
-        return model.to(self.device)
+        state = None if arrays is None else arrays.to_torch_state_dict()
+        seed = self.scenario.federation.seed
+        return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
     def seed(self, server_round: int) -> int:
         return derive_seed(self.scenario.federation.seed, server_round, self.partition_id)

@@ -8,7 +8,7 @@ flatten and ends with the logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -189,6 +189,20 @@ def init_xavier_normal(model: nn.Module) -> None:
         nn.init.xavier_normal_(layer.weight, gain=1.0)
         if layer.bias is not None:
             nn.init.zeros_(layer.bias)
+
+
+def build_loaded_model(
+    cfg: ModelConfig,
+    spec: InputSpec,
+    seed: int,
+    state: Mapping[str, torch.Tensor] | None,
+    device: torch.device,
+) -> SplitNet:
+    """A seeded zoo model on ``device``, loaded with ``state`` (which may be partial)."""
+    model = build_model(cfg, spec, seed=seed)
+    if state is not None:
+        model.load_state_dict(state, strict=False)
+    return model.to(device)
 
 
 def build_model(cfg: ModelConfig, spec: InputSpec, seed: int | None = None) -> SplitNet:

@@ -20,7 +20,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from fedsim.config import Scenario
 from fedsim.data import DatasetBundle
 from fedsim.failures import TooFewReplies, required_replies
-from fedsim.models import InputSpec, SplitNet, build_model
+from fedsim.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.training import evaluate
 from strategies import STRATEGIES
 from strategies.sampling import PartitionSampler
@@ -62,12 +62,10 @@ class ServerResources:
         return InputSpec(b.channels, b.image_size, b.num_classes)
 
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
-        model = build_model(
-            self.scenario.model, self.input_spec, seed=self.scenario.federation.seed
-        )
-        if arrays is not None:
-            model.load_state_dict(arrays.to_torch_state_dict(), strict=False)
-        return model.to(self.device)
+        """The global model on the server's device, loaded with ``arrays``."""
+        state = None if arrays is None else arrays.to_torch_state_dict()
+        seed = self.scenario.federation.seed
+        return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
 
 @STRATEGIES.register("fedavg")
