@@ -12,6 +12,7 @@ import inspect
 import math
 import statistics
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -204,15 +205,23 @@ def _smooth(z: torch.Tensor, scale: torch.Tensor, centre: torch.Tensor) -> torch
     return (scale * (z - centre) ** 2).sum(-1) + coupling
 
 
-def test_batched_lbfgs_is_torch_lbfgs_row_by_row() -> None:
-    rows, dim = 5, 30
-    scale, centre = _smooth_problems(rows, dim)
-    start = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+def _batched_objective(scale: torch.Tensor, centre: torch.Tensor) -> Any:
+    """The rows' values and gradients, as the batched optimisers ask for them."""
 
     def objective(z: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = z.detach().requires_grad_(True)
         value = _smooth(z, scale[idx], centre[idx])
         return value.detach(), torch.autograd.grad(value.sum(), z)[0]
+
+    return objective
+
+
+def test_batched_lbfgs_is_torch_lbfgs_row_by_row() -> None:
+    rows, dim = 5, 30
+    scale, centre = _smooth_problems(rows, dim)
+    start = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    objective = _batched_objective(scale, centre)
 
     # History 4 with 20 iterations a step: the ring buffer wraps.
     batched = BatchedLBFGS(start, lr=0.5, history_size=4)
@@ -242,10 +251,7 @@ def test_batched_adamw_is_torch_adamw_row_by_row() -> None:
     scale, centre = _smooth_problems(rows, dim)
     start = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
-    def objective(z: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z = z.detach().requires_grad_(True)
-        value = _smooth(z, scale[idx], centre[idx])
-        return value.detach(), torch.autograd.grad(value.sum(), z)[0]
+    objective = _batched_objective(scale, centre)
 
     batched = BatchedAdamW(start, lr=0.05)
     for _ in range(20):
