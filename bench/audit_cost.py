@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedsim.config import load_scenario
-from fedsim.runner import run_scenario
+from fedsim.core.config import load_scenario
+from fedsim.engine.runner import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

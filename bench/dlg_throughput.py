@@ -28,10 +28,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attacks.base import Observation, create_attack
-from fedsim.config import DataConfig, ModelConfig
-from fedsim.data import load_dataset
-from fedsim.models import InputSpec, SplitNet, build_model
+from fedsim.attacks.base import Observation, create_attack
+from fedsim.core.config import DataConfig, ModelConfig
+from fedsim.core.data import load_dataset
+from fedsim.core.models import InputSpec, SplitNet, build_model
 from fedsim.probe import gradient_probe
 
 MODEL = ModelConfig("lenet-zhu", "uniform")

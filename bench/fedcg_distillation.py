@@ -1,6 +1,6 @@
 """Seconds per round of FedCG's server distillation on CPU, FMNIST(4) shapes.
 
-Times :func:`strategies.distillation.distill` with four client teachers
+Times :func:`fedsim.strategies.distillation.distill` with four client teachers
 (``lenet5-split`` at 32x32, 10 classes, the 16x5x5 feature generator) at the
 paper's 2,000 iterations and at the default of ``scenarios/fmnist4-fedcg.toml``,
 and prints the median of ``--repeats`` runs of each, their ratio and the peak
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from fedsim.components import component_params
-from fedsim.config import ComponentConfig, ModelConfig
-from fedsim.gan import build_gan_split_net
-from fedsim.models import InputSpec
-from strategies.distillation import Teacher, distill
-from strategies.fedcg import FedCG, FedCGParams
+from fedsim.core.config import ComponentConfig, ModelConfig
+from fedsim.core.gan import build_gan_split_net
+from fedsim.core.models import InputSpec
+from fedsim.engine.validate import component_params
+from fedsim.strategies.distillation import Teacher, distill
+from fedsim.strategies.fedcg import FedCG, FedCGParams
 
 PAPER_ITERATIONS = 2000
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "fmnist4-fedcg.toml"

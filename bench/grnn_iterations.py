@@ -4,7 +4,7 @@ Both sides do the same work per iteration (generator forward, the victim's
 gradient with ``create_graph``, the loss, backward, one RMSprop step) on the
 same LeNet-5 (GRNN) probe gradient of real MNIST digits. The minimal loop is
 what the official code does, written inline on a plain ``nn.Module``; the
-project's side is :meth:`attacks.grnn.GRNN.reconstruct` end to end (setup and
+project's side is :meth:`fedsim.attacks.grnn.GRNN.reconstruct` end to end (setup and
 the final scoring pass included). Runs alternate and each ratio (speed of
 the second over the first, > 1 is faster) is the median of the per-repeat
 ratios, as the machine is shared.
@@ -22,11 +22,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attacks.base import Observation
-from attacks.grnn import GRNN, GrnnGenerator, total_variation
-from fedsim.config import DataConfig, ModelConfig
-from fedsim.data import load_dataset
-from fedsim.models import InputSpec, SplitNet, build_model
+from fedsim.attacks.base import Observation
+from fedsim.attacks.grnn import GRNN, GrnnGenerator, total_variation
+from fedsim.core.config import DataConfig, ModelConfig
+from fedsim.core.data import load_dataset
+from fedsim.core.models import InputSpec, SplitNet, build_model
 from fedsim.probe import gradient_probe
 
 MODEL = ModelConfig("lenet5-grnn", "uniform")

@@ -7,7 +7,7 @@ attacks see the same gradients; GRNN also runs with the ``sorted`` Wasserstein
 reading at batch 4. Cells report the median per-image PSNR (peak 1) and SSIM
 over every image of every victim, label accuracy over all labels (GRNN's label
 branch, DLG's joint soft labels, and beside them the counting method of
-:mod:`attacks.labels` on the same gradients) and the median seconds per
+:mod:`fedsim.attacks.labels` on the same gradients) and the median seconds per
 attack, wall and CPU (the machine is shared: the CPU seconds of this
 one-thread process are the steadier measure).
 
@@ -31,14 +31,14 @@ from pathlib import Path
 
 import torch
 
-from attacks import ATTACKS
-from attacks.base import Attack
-from attacks.grnn import GRNN
-from attacks.labels import infer_labels
-from fedsim.config import DataConfig, ModelConfig
-from fedsim.data import load_dataset
-from fedsim.metrics import label_accuracy, score_reconstruction
-from fedsim.models import InputSpec, build_model
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Attack
+from fedsim.attacks.grnn import GRNN
+from fedsim.attacks.labels import infer_labels
+from fedsim.core.config import DataConfig, ModelConfig
+from fedsim.core.data import load_dataset
+from fedsim.core.metrics import label_accuracy, score_reconstruction
+from fedsim.core.models import InputSpec, build_model
 from fedsim.probe import Probe, gradient_probe
 
 MODEL = ModelConfig("lenet5-grnn", "uniform")

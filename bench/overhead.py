@@ -1,12 +1,12 @@
 """fedsim's overhead over a bare Flower app and over a plain PyTorch loop, and where it goes.
 
 The same federation three ways, 10 clients, all sampled, 5 rounds, the
-quickstart's data, model and local training (``fedsim.training.train_local``):
+quickstart's data, model and local training (``fedsim.core.training.train_local``):
 
 - ``torch``: one process, one thread, a Python loop over clients, FedAvg by hand;
 - ``flower``: a bare ``ClientApp`` + Flower's own ``FedAvg.start`` on
   ``run_simulation`` with the same backend (one CPU per client actor);
-- ``fedsim``: ``fedsim.runner.run_scenario``.
+- ``fedsim``: ``fedsim.engine.runner.run_scenario``.
 
 Each round does the same work: every client trains and evaluates, the server
 averages and evaluates the global model on the test set. A round's time is the
@@ -43,7 +43,7 @@ OVERRIDES = [
 
 
 def _scenario() -> Any:
-    from fedsim.config import load_scenario
+    from fedsim.core.config import load_scenario
 
     return load_scenario(ROOT / "scenarios" / "quickstart.toml", OVERRIDES)
 
@@ -57,10 +57,10 @@ def run_torch() -> dict[str, Any]:
     """The federation as a plain loop: no Flower, no Ray, no messages."""
     import torch
 
-    from fedsim.data import load_dataset
-    from fedsim.models import InputSpec, build_model
-    from fedsim.partition import partition_dataset
-    from fedsim.training import derive_seed, evaluate, train_local
+    from fedsim.core.data import load_dataset
+    from fedsim.core.models import InputSpec, build_model
+    from fedsim.core.partition import partition_dataset
+    from fedsim.core.training import derive_seed, evaluate, train_local
 
     torch.set_num_threads(1)  # as each client actor (Ray gives it one CPU)
     scenario = _scenario()
@@ -106,11 +106,11 @@ def run_flower() -> dict[str, Any]:
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    from fedsim.data import load_dataset
-    from fedsim.models import InputSpec, build_model
-    from fedsim.partition import partition_dataset
-    from fedsim.runner import _quiet_logs, backend_config
-    from fedsim.training import derive_seed, evaluate, train_local
+    from fedsim.core.data import load_dataset
+    from fedsim.core.models import InputSpec, build_model
+    from fedsim.core.partition import partition_dataset
+    from fedsim.core.training import derive_seed, evaluate, train_local
+    from fedsim.engine.runner import _quiet_logs, backend_config
 
     scenario = _scenario()
 
@@ -188,7 +188,7 @@ def run_fedsim(profile_to: Path | None = None) -> dict[str, Any]:
     """fedsim itself; with ``profile_to``, its server thread under cProfile."""
     from rich.console import Console
 
-    import fedsim.runner as runner
+    import fedsim.engine.runner as runner
 
     serve = runner.serve
     starts: list[float] = []
@@ -268,10 +268,10 @@ def profile_client() -> str:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from clients.app import build_client_app
-    from fedsim.data import load_dataset
-    from fedsim.training import client_config_record
-    from strategies.fedavg import ServerResources
+    from fedsim.clients.app import build_client_app
+    from fedsim.core.data import load_dataset
+    from fedsim.core.training import client_config_record
+    from fedsim.strategies.fedavg import ServerResources
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     scenario = _scenario()

@@ -99,9 +99,9 @@ def child(num_clients: int, rounds: int, report: Path) -> None:
     import pandas as pd
     from rich.console import Console
 
-    import strategies.sampling as sampling
-    from fedsim.config import load_scenario
-    from fedsim.runner import run_scenario
+    import fedsim.strategies.sampling as sampling
+    from fedsim.core.config import load_scenario
+    from fedsim.engine.runner import run_scenario
 
     timings: dict[str, float] = {}
     discover = sampling.PartitionSampler.discover.__func__  # type: ignore[attr-defined]

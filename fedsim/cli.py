@@ -1,7 +1,7 @@
 """The ``fedsim`` command line: ``fedsim <command> ...``.
 
 Each subcommand is a module in :mod:`fedsim.commands`. Bad input (a
-:class:`~fedsim.config.ScenarioError`) prints one line naming the key, the
+:class:`~fedsim.core.config.ScenarioError`) prints one line naming the key, the
 value and what is allowed, and exits with status 2 before any work starts.
 """
 
@@ -12,8 +12,8 @@ import os
 import sys
 
 from fedsim.commands import COMMANDS
-from fedsim.config import ScenarioError
-from fedsim.registry import UnknownNameError
+from fedsim.core.config import ScenarioError
+from fedsim.core.registry import UnknownNameError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,7 @@
 
 Engine-side code (it touches ground truth). :func:`gradient_probe` computes
 the gradient of one batch at the current model and wraps it in an
-:class:`~attacks.base.Observation`; the batch itself goes into a separate
+:class:`~fedsim.attacks.base.Observation`; the batch itself goes into a separate
 :class:`GroundTruth` that only the scorer reads. The privacy audit and
 ``fedsim attack`` both build their probes here.
 """
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attacks.base import Observation, SharedKind
-from fedsim.config import ClientConfig, ModelConfig
-from fedsim.data import Normalization
-from fedsim.models import InputSpec
+from fedsim.attacks.base import Observation, SharedKind
+from fedsim.core.config import ClientConfig, ModelConfig
+from fedsim.core.data import Normalization
+from fedsim.core.models import InputSpec
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def gradient_probe(
         The global model the server sent (left unchanged; evaluated in eval
         mode, as the attacker's copy is).
     inputs:
-        One batch in model-input space (as a :class:`~fedsim.data.DatasetBundle` holds it).
+        One batch in model-input space (as a :class:`~fedsim.core.data.DatasetBundle` holds it).
     shared_names:
         Parameters the server receives (default: all of them).
     shared_kind:

@@ -1,10 +1,10 @@
 """Run a strategy against the real ClientApp in this process, recording every message.
 
 :class:`InProcessGrid` stands in for Flower's ``Grid``: it hands each message
-to the real :func:`clients.app.build_client_app` app with that node's own
+to the real :func:`fedsim.clients.app.build_client_app` app with that node's own
 ``Context`` (so ``context.state`` persists across rounds, as in the
 simulation) and keeps every message the server sent and received. The rounds
-are driven by the engine's own :func:`fedsim.loop.run_rounds`, so tests see
+are driven by the engine's own :func:`fedsim.engine.loop.run_rounds`, so tests see
 exactly the messages a simulated server would, seconds faster than Ray.
 """
 
@@ -21,17 +21,17 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.app import PARTITION_KEY, build_client_app
-from clients.base import ClientEnv
-from clients.private_state import STATE_KEY
-from fedsim.components import component_params
-from fedsim.config import Scenario
-from fedsim.data import load_dataset
-from fedsim.loop import RoundRecord, run_rounds
-from fedsim.training import client_config_record
-from strategies import STRATEGIES
-from strategies.fedavg import ServerResources
-from strategies.sampling import PartitionSampler
+from fedsim.clients.app import PARTITION_KEY, build_client_app
+from fedsim.clients.base import ClientEnv
+from fedsim.clients.private_state import STATE_KEY
+from fedsim.core.config import Scenario
+from fedsim.core.data import load_dataset
+from fedsim.core.training import client_config_record
+from fedsim.engine.loop import RoundRecord, run_rounds
+from fedsim.engine.validate import component_params
+from fedsim.strategies import STRATEGIES
+from fedsim.strategies.fedavg import ServerResources
+from fedsim.strategies.sampling import PartitionSampler
 
 NODE_OFFSET = 100  # node ids differ from partition ids, as in the simulation
 
@@ -110,7 +110,7 @@ class InProcessRun:
 
     It is the loop's round callback: after every round it keeps the round
     record, the global arrays and each client's private state (the
-    ``ArrayRecord`` that :mod:`clients.private_state` keeps in node state).
+    ``ArrayRecord`` that :mod:`fedsim.clients.private_state` keeps in node state).
     """
 
     strategy: Any

@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 import torch
 
-from attacks import ATTACKS
-from attacks.base import Observation, create_attack
-from attacks.dlg import DLG, DLGParams
-from attacks.gradients import target_gradient
-from attacks.optim import BatchedAdamW, BatchedLBFGS
-from attacks.sapag import SAPAGParams
-from fedsim.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
-from fedsim.data import Normalization, load_dataset
-from fedsim.metrics import score_reconstruction
-from fedsim.models import InputSpec, build_model
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Observation, create_attack
+from fedsim.attacks.dlg import DLG, DLGParams
+from fedsim.attacks.gradients import target_gradient
+from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS
+from fedsim.attacks.sapag import SAPAGParams
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
+from fedsim.core.data import Normalization, load_dataset
+from fedsim.core.metrics import score_reconstruction
+from fedsim.core.models import InputSpec, build_model
 from fedsim.probe import Probe, gradient_probe
 
 LENET = ModelConfig("lenet-zhu", "uniform")

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-from attacks.base import Observation
-from fedsim.audit.auditor import AUDIT_FILE
-from fedsim.config import load_scenario
-from fedsim.results import MODEL_FILE
-from fedsim.runner import run_scenario
+from fedsim.attacks.base import Observation
+from fedsim.core.config import load_scenario
+from fedsim.engine.audit.auditor import AUDIT_FILE
+from fedsim.engine.results import MODEL_FILE
+from fedsim.engine.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 # Small DLG budget for the suite: 2 rounds, 2 sampled clients, 1 victim a round.
@@ -86,13 +86,13 @@ def test_observation_carries_no_ground_truth() -> None:
 
 def test_attack_payload_holds_no_tensor_equal_to_the_truth(tmp_path: Path) -> None:
     """What is shipped to the attack task (pickled Observation) never contains the batch."""
-    from fedsim.audit.oracle import GroundTruthOracle
-    from fedsim.training import client_config_from_record, client_config_record
+    from fedsim.core.training import client_config_from_record, client_config_record
+    from fedsim.engine.audit.oracle import GroundTruthOracle
 
     scenario = load_scenario(REPO / "scenarios" / "audit-fedavg.toml")
     cfg = client_config_from_record(client_config_record(scenario.client))
     truth = GroundTruthOracle(scenario, "fedavg", None).update_batch(0, 1, cfg)
-    from fedsim.audit.observe import observe_reply  # noqa: F401  (the only builder)
+    from fedsim.engine.audit.observe import observe_reply  # noqa: F401  (the only builder)
 
     payload = pickle.dumps(_observation_for(scenario))
     tensors = pickle.loads(payload)
@@ -120,10 +120,10 @@ def _observation_for(scenario: object) -> Observation:
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from clients.base import ClientEnv
-    from clients.fedavg import FedAvgClient
-    from fedsim.audit.observe import observe_reply
-    from fedsim.training import client_config_record
+    from fedsim.clients.base import ClientEnv
+    from fedsim.clients.fedavg import FedAvgClient
+    from fedsim.core.training import client_config_record
+    from fedsim.engine.audit.observe import observe_reply
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     env = ClientEnv.create(scenario, 0, RecordDict())  # type: ignore[arg-type]

@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from attacks import ATTACKS
-from attacks.base import Observation
-from fedsim.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
-from fedsim.data import load_dataset
-from fedsim.gan import build_generator
-from fedsim.metrics import score_reconstruction
-from fedsim.models import InputSpec, build_model
-from fedsim.training import train_local
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Observation
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
+from fedsim.core.data import load_dataset
+from fedsim.core.gan import build_generator
+from fedsim.core.metrics import score_reconstruction
+from fedsim.core.models import InputSpec, build_model
+from fedsim.core.training import train_local
 
 BUNDLE = load_dataset(DataConfig())
 SPEC = InputSpec(1, 32, 10)

@@ -11,9 +11,10 @@ import pytest
 import tomli_w
 from rich.console import Console
 
-from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.cli import main
-from fedsim.compare import (
+from fedsim.core.config import Scenario, ScenarioError
+from fedsim.engine.audit.auditor import AUDIT_FILE
+from fedsim.engine.compare import (
     MARKER,
     PLOT_FILE,
     REPORT_FILE,
@@ -26,8 +27,7 @@ from fedsim.compare import (
     load_spec,
     run_sweep,
 )
-from fedsim.config import Scenario, ScenarioError
-from fedsim.results import METRICS_FILE
+from fedsim.engine.results import METRICS_FILE
 
 BASE: dict[str, Any] = {
     "federation": {"num-clients": 2, "rounds": 2},

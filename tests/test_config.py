@@ -12,7 +12,7 @@ import pytest
 import tomli_w
 
 from fedsim.cli import main
-from fedsim.config import ScenarioError, apply_overrides, load_scenario, scenario_from_dict
+from fedsim.core.config import ScenarioError, apply_overrides, load_scenario, scenario_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_overrides_parse_toml_values(quick_scenario_table: dict[str, Any]) -> No
 
 
 def test_shipped_scenarios_load() -> None:
-    from fedsim.compare import configurations, load_spec
+    from fedsim.engine.compare import configurations, load_spec
 
     for path in sorted((REPO / "scenarios").glob("*.toml")):
         if path.name.startswith("compare-"):  # a fedsim compare spec: every run validates

@@ -11,8 +11,8 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from inprocess import InProcessRun, run_inprocess, tiny_table
 
-from clients.base import ClientEnv
-from clients.defences import (
+from fedsim.clients.base import ClientEnv
+from fedsim.clients.defences import (
     EPSILON_METRIC,
     ClipParams,
     DPSGDParams,
@@ -22,9 +22,9 @@ from clients.defences import (
     global_norm,
     protect_upload,
 )
-from fedsim.audit.oracle import GroundTruthOracle
-from fedsim.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
-from fedsim.training import client_config_record
+from fedsim.core.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
+from fedsim.core.training import client_config_record
+from fedsim.engine.audit.oracle import GroundTruthOracle
 
 
 def _scenario(defences: list[dict[str, Any]], strategy: str = "fedavg", **tables: Any) -> Scenario:

@@ -8,9 +8,9 @@ import pytest
 from rich.console import Console
 from test_resume import assert_same_outcome, reference_run, scenario_file
 
-from fedsim.config import load_scenario
-from fedsim.runner import run_scenario
-from strategies.sampling import PartitionSampler
+from fedsim.core.config import load_scenario
+from fedsim.engine.runner import run_scenario
+from fedsim.strategies.sampling import PartitionSampler
 
 
 def test_sampling_depends_on_seed_and_round_not_on_node_ids() -> None:

@@ -11,9 +11,15 @@ import pandas as pd
 import pytest
 import torch
 
-from fedsim.config import scenario_from_dict
-from fedsim.results import CLIENTS_FILE, METRICS_FILE, MODEL_FILE, SCENARIO_FILE, SUMMARY_FILE
-from fedsim.runner import run_scenario
+from fedsim.core.config import scenario_from_dict
+from fedsim.engine.results import (
+    CLIENTS_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    SCENARIO_FILE,
+    SUMMARY_FILE,
+)
+from fedsim.engine.runner import run_scenario
 
 
 @pytest.mark.slow
@@ -44,7 +50,11 @@ def test_fedavg_simulation_writes_run_directory(
     assert metrics["test-loss"].iloc[-1] < 2.25
     assert metrics["train-loss"].iloc[-1] < metrics["train-loss"].iloc[0]
     clients = pd.read_csv(run / CLIENTS_FILE)
-    assert sorted(clients.query("phase == 'train' and round == 1")["partition-id"]) == [0, 1, 2]
+    assert sorted(clients.query("phase == 'train' and round == 1")["partition-id"]) == [
+        0,
+        1,
+        2,
+    ]
     resolved = tomllib.loads((run / SCENARIO_FILE).read_text())
     assert scenario_from_dict(resolved) == scenario
     state = torch.load(run / MODEL_FILE, weights_only=True)

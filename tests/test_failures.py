@@ -22,9 +22,9 @@ from flwr.app import (
 from rich.console import Console
 from test_resume import TINY, reference_run
 
-from fedsim.config import ScenarioError, scenario_from_dict
-from fedsim.data import load_dataset
-from fedsim.failures import (
+from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.data import load_dataset
+from fedsim.engine.failures import (
     FAILURE_KEY,
     STRAGGLER_GRACE_S,
     FailurePlan,
@@ -33,11 +33,11 @@ from fedsim.failures import (
     inject_failures,
     mark,
 )
-from fedsim.loop import Exchange
-from fedsim.results import CLIENTS_FILE, METRICS_FILE
-from fedsim.runner import run_scenario
-from strategies.fedavg import FedAvg, FedAvgParams, ServerResources
-from strategies.sampling import PartitionSampler
+from fedsim.engine.loop import Exchange
+from fedsim.engine.results import CLIENTS_FILE, METRICS_FILE
+from fedsim.engine.runner import run_scenario
+from fedsim.strategies.fedavg import FedAvg, FedAvgParams, ServerResources
+from fedsim.strategies.sampling import PartitionSampler
 
 NODE = 100  # node id of partition p is NODE + p
 

@@ -7,10 +7,10 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
-from fedsim.config import Scenario
-from fedsim.data import load_dataset
-from strategies.fedavg import FedAvg, FedAvgParams, ServerResources
-from strategies.sampling import PartitionSampler
+from fedsim.core.config import Scenario
+from fedsim.core.data import load_dataset
+from fedsim.strategies.fedavg import FedAvg, FedAvgParams, ServerResources
+from fedsim.strategies.sampling import PartitionSampler
 
 
 def _replies(seed: int) -> tuple[list[Message], list[dict[str, np.ndarray]], list[int]]:

@@ -11,15 +11,15 @@ import pytest
 import torch
 from inprocess import InProcessRun, run_inprocess, tiny_table
 
-from clients.fedcg import GAMMA_KEY, FedCGClient
-from clients.private_state import state_file
-from fedsim.config import ModelConfig, ScenarioError, scenario_from_dict
-from fedsim.gan import build_gan_split_net, build_generator
-from fedsim.models import InputSpec
-from fedsim.results import CLIENT_STATE_DIR, METRICS_FILE
-from fedsim.runner import run_scenario
-from strategies.distillation import Teacher, distill, sample_codes, teacher_student_kl
-from strategies.fedcg import gamma_schedule
+from fedsim.clients.fedcg import GAMMA_KEY, FedCGClient
+from fedsim.clients.private_state import state_file
+from fedsim.core.config import ModelConfig, ScenarioError, scenario_from_dict
+from fedsim.core.gan import build_gan_split_net, build_generator
+from fedsim.core.models import InputSpec
+from fedsim.engine.results import CLIENT_STATE_DIR, METRICS_FILE
+from fedsim.engine.runner import run_scenario
+from fedsim.strategies.distillation import Teacher, distill, sample_codes, teacher_student_kl
+from fedsim.strategies.fedcg import gamma_schedule
 
 RAMP = 2
 MODEL = ModelConfig("lenet5-split")

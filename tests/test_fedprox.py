@@ -8,10 +8,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from inprocess import run_inprocess, tiny_table
 
-from clients.base import ClientEnv
-from clients.fedprox import MU_KEY, FedProxClient
-from fedsim.config import Scenario, scenario_from_dict
-from fedsim.training import client_config_record
+from fedsim.clients.base import ClientEnv
+from fedsim.clients.fedprox import MU_KEY, FedProxClient
+from fedsim.core.config import Scenario, scenario_from_dict
+from fedsim.core.training import client_config_record
 
 
 def _scenario(strategy: dict[str, Any]) -> Scenario:

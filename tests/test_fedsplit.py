@@ -10,12 +10,12 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from inprocess import InProcessRun, run_inprocess, tiny_table
 
-from clients.fedsplit import FedSplitClient
-from clients.private_state import STATE_KEY, load_private, state_file
-from fedsim.config import scenario_from_dict
-from fedsim.results import CLIENT_STATE_DIR, CLIENTS_FILE, METRICS_FILE
-from fedsim.runner import run_scenario
-from fedsim.training import evaluate
+from fedsim.clients.fedsplit import FedSplitClient
+from fedsim.clients.private_state import STATE_KEY, load_private, state_file
+from fedsim.core.config import scenario_from_dict
+from fedsim.core.training import evaluate
+from fedsim.engine.results import CLIENT_STATE_DIR, CLIENTS_FILE, METRICS_FILE
+from fedsim.engine.runner import run_scenario
 
 CLASSIFIER_KEYS = {
     f"classifier.{layer}.{kind}" for layer in (1, 3, 5) for kind in ("weight", "bias")
@@ -137,7 +137,11 @@ def test_fedsplit_simulation_keeps_extractors_on_clients(tmp_path: Path) -> None
     assert metrics["test-acc"].isna().all()
     assert metrics["client-eval-acc"].notna().all()
     clients = pd.read_csv(tmp_path / "run" / CLIENTS_FILE)
-    assert sorted(clients.query("phase == 'evaluate' and round == 2")["partition-id"]) == [0, 1, 2]
+    assert sorted(clients.query("phase == 'evaluate' and round == 2")["partition-id"]) == [
+        0,
+        1,
+        2,
+    ]
     for p in range(3):
         saved = torch.load(state_file(tmp_path / "run" / CLIENT_STATE_DIR, p), weights_only=True)
         assert saved["round"] == 2

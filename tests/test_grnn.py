@@ -15,20 +15,20 @@ import dataclasses
 import pytest
 import torch
 
-from attacks import ATTACKS
-from attacks.base import Observation, SharedKind
-from attacks.gradients import target_gradient, victim_model
-from attacks.grnn import (
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Observation, SharedKind
+from fedsim.attacks.gradients import target_gradient, victim_model
+from fedsim.attacks.grnn import (
     GRNN,
     GradientObjective,
     GrnnGenerator,
     WassersteinReading,
     total_variation,
 )
-from fedsim.config import DataConfig, ModelConfig, ScenarioError, parse_table
-from fedsim.data import load_dataset
-from fedsim.metrics import score_reconstruction
-from fedsim.models import InputSpec, build_model
+from fedsim.core.config import DataConfig, ModelConfig, ScenarioError, parse_table
+from fedsim.core.data import load_dataset
+from fedsim.core.metrics import score_reconstruction
+from fedsim.core.models import InputSpec, build_model
 from fedsim.probe import Probe, gradient_probe
 
 LENET = ModelConfig("lenet5-grnn", "uniform")

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from attacks.labels import count_labels, idlg_label, infer_labels, label_method
-from fedsim.config import DataConfig, ModelConfig
-from fedsim.data import DatasetBundle, load_dataset
-from fedsim.metrics import label_accuracy
-from fedsim.models import InputSpec, build_model
+from fedsim.attacks.labels import count_labels, idlg_label, infer_labels, label_method
+from fedsim.core.config import DataConfig, ModelConfig
+from fedsim.core.data import DatasetBundle, load_dataset
+from fedsim.core.metrics import label_accuracy
+from fedsim.core.models import InputSpec, build_model
 from fedsim.probe import Probe, gradient_probe
 
 CPU = torch.device("cpu")

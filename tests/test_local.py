@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from inprocess import run_inprocess, tiny_table
 
-from clients.local import LocalClient
-from clients.private_state import load_private
-from fedsim.config import scenario_from_dict
-from fedsim.training import evaluate
+from fedsim.clients.local import LocalClient
+from fedsim.clients.private_state import load_private
+from fedsim.core.config import scenario_from_dict
+from fedsim.core.training import evaluate
 
 
 def test_local_clients_share_nothing_and_evaluate_their_own_model() -> None:

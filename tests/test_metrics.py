@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fedsim.metrics import label_accuracy, match_images, psnr_from_mse, score_reconstruction
+from fedsim.core.metrics import label_accuracy, match_images, psnr_from_mse, score_reconstruction
 
 
 def _images(n: int = 4, channels: int = 3, size: int = 16) -> torch.Tensor:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.config import ModelConfig
-from fedsim.models import MODELS, InputSpec, build_model
+from fedsim.core.config import ModelConfig
+from fedsim.core.models import MODELS, InputSpec, build_model
 
 
 @pytest.mark.parametrize("name", MODELS.names())

@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedsim.config import ComponentConfig, DataConfig
-from fedsim.data import load_dataset
-from fedsim.partition import PARTITIONERS, DirichletParams, ShardsParams, partition_dataset
+from fedsim.core.config import ComponentConfig, DataConfig
+from fedsim.core.data import load_dataset
+from fedsim.core.partition import PARTITIONERS, DirichletParams, ShardsParams, partition_dataset
 
 LABELS = load_dataset(DataConfig()).train_labels.numpy()
 

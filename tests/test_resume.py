@@ -25,8 +25,10 @@ from flwr.app import ArrayRecord
 from inprocess import InProcessGrid, server_identity, tiny_table
 from rich.console import Console
 
-from clients.app import build_client_app
-from fedsim.checkpoint import (
+from fedsim.cli import main as cli_main
+from fedsim.clients.app import build_client_app
+from fedsim.core.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from fedsim.engine.checkpoint import (
     STATE_FILE,
     Checkpointer,
     capture_rng,
@@ -37,10 +39,8 @@ from fedsim.checkpoint import (
     restore_client_state,
     restore_rng,
 )
-from fedsim.cli import main as cli_main
-from fedsim.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
-from fedsim.loop import RoundRecord
-from fedsim.results import (
+from fedsim.engine.loop import RoundRecord
+from fedsim.engine.results import (
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
     CLIENTS_FILE,
@@ -51,8 +51,8 @@ from fedsim.results import (
     new_run_dir,
     write_scenario,
 )
-from fedsim.runner import run_scenario, serve
-from strategies import STRATEGIES
+from fedsim.engine.runner import run_scenario, serve
+from fedsim.strategies import STRATEGIES
 
 QUIET = Console(quiet=True)
 FEDSIM = Path(sys.executable).parent / "fedsim"
@@ -253,7 +253,7 @@ def test_a_commit_killed_half_way_is_finished_on_recovery(
             raise Crash
         replace(src, dst)
 
-    monkeypatch.setattr("fedsim.checkpoint.os.replace", dies_on_second_move)
+    monkeypatch.setattr("fedsim.engine.checkpoint.os.replace", dies_on_second_move)
     with pytest.raises(Crash):
         commit(tmp_path, 2, {"round": 2})
     monkeypatch.undo()

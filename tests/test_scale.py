@@ -13,11 +13,11 @@ import pytest
 from flwr.app import RecordDict
 from rich.console import Console
 
-from clients.base import ClientEnv
-from fedsim.config import load_scenario
-from fedsim.partition import partition_dataset
-from fedsim.results import CLIENTS_FILE, METRICS_FILE
-from fedsim.runner import run_scenario
+from fedsim.clients.base import ClientEnv
+from fedsim.core.config import load_scenario
+from fedsim.core.partition import partition_dataset
+from fedsim.engine.results import CLIENTS_FILE, METRICS_FILE
+from fedsim.engine.runner import run_scenario
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "scale-1000.toml"
 

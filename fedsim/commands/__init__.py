@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Protocol
 
-from fedsim.registry import Registry
+from fedsim.core.registry import Registry
 
 
 class Command(Protocol):

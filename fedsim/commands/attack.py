@@ -4,7 +4,7 @@ Picks ``--num-images`` images of a dataset (seeded), splits them into batches
 of ``--batch-size``, and for each batch builds a fresh victim model (its
 ``--init``, seeded by ``--seed`` plus the batch index) and the gradient probe
 the server would see (:func:`fedsim.probe.gradient_probe`). The attack gets
-only that observation; :mod:`fedsim.metrics` scores what it returns. Writes
+only that observation; :mod:`fedsim.core.metrics` scores what it returns. Writes
 ``results.csv`` (one row a batch), ``grid.png`` (ground truth above each
 reconstruction) and ``attack.toml`` (every setting, for a rerun) into the
 output folder, and prints the table with its medians.
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedsim.commands import COMMANDS
-from fedsim.config import DataConfig, ModelConfig, apply_overrides, require, to_table
+from fedsim.core.config import DataConfig, ModelConfig, apply_overrides, require, to_table
 
 RESULTS_FILE = "results.csv"
 GRID_FILE = "grid.png"
@@ -82,11 +82,11 @@ class AttackCommand:
         add("--out", help="output folder (default runs/attack-<attack>-<dataset>-<time>)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from attacks import ATTACKS
-        from fedsim.components import lookup
-        from fedsim.config import parse_table
-        from fedsim.data import DATASETS, load_dataset
-        from fedsim.models import INITS, MODELS
+        from fedsim.attacks import ATTACKS
+        from fedsim.core.config import parse_table
+        from fedsim.core.data import DATASETS, load_dataset
+        from fedsim.core.models import INITS, MODELS
+        from fedsim.engine.validate import lookup
 
         require(args.batch_size >= 1, "--batch-size", args.batch_size, "must be >= 1")
         require(
@@ -143,7 +143,7 @@ class AttackCommand:
 
 def _probes(args: argparse.Namespace, data: Any, classes: int) -> tuple[list[Any], torch.Tensor]:
     """One gradient probe per batch, each under its own fresh victim model."""
-    from fedsim.models import InputSpec, build_model
+    from fedsim.core.models import InputSpec, build_model
     from fedsim.probe import gradient_probe
 
     gen = torch.Generator().manual_seed(args.seed)
@@ -172,7 +172,7 @@ def _attack(
     attack: Any, probes: list[Any], picked: torch.Tensor, args: argparse.Namespace
 ) -> tuple[list[dict[str, Any]], list[Any]]:
     """Run the attack on every probe (``--parallel`` at a time) and score it."""
-    from fedsim.metrics import score_reconstruction
+    from fedsim.core.metrics import score_reconstruction
 
     recs = []
     for first in range(0, len(probes), args.parallel):

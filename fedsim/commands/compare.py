@@ -1,4 +1,4 @@
-"""``fedsim compare SPEC [--out DIR] [--dry-run]``: a sweep, see :mod:`fedsim.compare`."""
+"""``fedsim compare SPEC [--out DIR] [--dry-run]``: a sweep, see :mod:`fedsim.engine.compare`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class CompareCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.compare import (
+        from fedsim.engine.compare import (
             REPORT_FILE,
             RUNS_DIR,
             configurations,

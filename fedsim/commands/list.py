@@ -24,12 +24,12 @@ class ListCommand:
         pass
 
     def run(self, args: argparse.Namespace) -> int:
-        from attacks import ATTACKS
-        from clients.defences import DEFENCES
-        from fedsim.data import DATASETS
-        from fedsim.models import INITS, MODELS
-        from fedsim.partition import PARTITIONERS
-        from strategies import STRATEGIES
+        from fedsim.attacks import ATTACKS
+        from fedsim.clients.defences import DEFENCES
+        from fedsim.core.data import DATASETS
+        from fedsim.core.models import INITS, MODELS
+        from fedsim.core.partition import PARTITIONERS
+        from fedsim.strategies import STRATEGIES
 
         table = Table("kind", "name", "what it is")
         for kind, registry in (

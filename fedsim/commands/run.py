@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from fedsim.commands import COMMANDS
-from fedsim.config import ScenarioError, load_scenario, require
+from fedsim.core.config import ScenarioError, load_scenario, require
 
 
 class RunCommand:
@@ -31,9 +31,9 @@ class RunCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.checkpoint import open_resume
-        from fedsim.failures import TooFewReplies
-        from fedsim.runner import run_scenario
+        from fedsim.engine.checkpoint import open_resume
+        from fedsim.engine.failures import TooFewReplies
+        from fedsim.engine.runner import run_scenario
 
         try:
             if args.resume:

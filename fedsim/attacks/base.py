@@ -1,0 +1,106 @@
+"""The one door between a simulation and an attack.
+
+An :class:`Observation` holds exactly what an honest-but-curious server has:
+the round, the victim's upload (only the parameters the strategy shares), the
+global parameters it sent, the public training config, the architecture and
+the public data pipeline, plus extra uploads some strategies carry (FedCG's
+generator). It has no field for images or labels, so an attack cannot reach
+ground truth through it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from fedsim.core.config import ClientConfig, ModelConfig
+from fedsim.core.data import Normalization
+from fedsim.core.models import InputSpec
+
+ThreatModel = Literal["probe", "update"]
+"""``probe``: the gradient of one batch at the sent model. ``update``: the real reply."""
+
+SharedKind = Literal["gradient", "update"]
+"""Whether ``Observation.shared`` holds gradients or updated parameters (signs differ)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the server intercepted from one client in one round."""
+
+    round: int
+    client_id: int
+    threat_model: ThreatModel
+    shared_kind: SharedKind
+    shared: dict[str, torch.Tensor]
+    global_params: dict[str, torch.Tensor]
+    model: ModelConfig
+    input_spec: InputSpec
+    normalization: Normalization
+    train_config: ClientConfig
+    num_examples: int
+    strategy: str = "fedavg"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shared_names(self) -> list[str]:
+        """Parameter names the victim uploaded (the attack's target layers)."""
+        return list(self.shared)
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """An attack's output: images in pixel space [0, 1] and labels."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    objective_trace: list[float]
+    iterations: int
+    restarts: int = 1
+    final_objective: float = float("nan")
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Attack(ABC):
+    """An attack: a frozen ``Params`` dataclass plus :meth:`reconstruct`."""
+
+    Params: ClassVar[type]
+
+    def __init__(self, params: Any, device: torch.device | str = "cpu") -> None:
+        self.params = params
+        self.device = torch.device(device)
+
+    @abstractmethod
+    def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:
+        """Recover the victim's batch from ``observation`` alone."""
+
+    def reconstruct_many(
+        self, observations: Sequence[Observation], seed: int = 0
+    ) -> list[Reconstruction]:
+        """Attack several observations (one by one here; batched where an attack can)."""
+        return [self.reconstruct(obs, seed) for obs in observations]
+
+
+def create_attack(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    key: str = "attack",
+) -> Attack:
+    """The attack registered as ``name`` with ``params``, a kebab-case table.
+
+    The table is validated strictly against the attack's ``Params`` (unknown
+    keys and bad values raise :class:`~fedsim.core.config.ScenarioError` naming
+    ``key.<field>``); absent keys keep the paper's defaults.
+    """
+    from fedsim.attacks import ATTACKS
+    from fedsim.core.config import parse_table
+
+    cls = ATTACKS.get(name)
+    attack: Attack = cls(parse_table(cls.Params, dict(params or {}), key), device=device)
+    return attack

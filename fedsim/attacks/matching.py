@@ -1,0 +1,406 @@
+"""Gradient matching: the optimisation loop DLG and SAPAG share.
+
+Both attacks optimise dummy images (and, unless labels are inferred, dummy
+label logits) until the victim model's gradient on them matches the observed
+gradient. They differ only in the distance between the two gradients and in
+their defaults, so a subclass supplies :meth:`GradientMatchingAttack.distance`
+(and, if it needs them, per-victim constants such as SAPAG's sigma) and a
+``Params`` dataclass.
+
+Restarts and victims are batched: every (victim, restart) pair is one row of
+a :mod:`fedsim.attacks.optim` optimiser, and one ``torch.func.vmap`` call evaluates
+all live rows. Each victim keeps the restart with the lowest final gradient
+distance, which the attacker can compute (never the best PSNR, which it
+cannot).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vmap
+
+from fedsim.attacks.base import Attack, Observation, Reconstruction
+from fedsim.attacks.gradients import (
+    batch_gradient,
+    soft_cross_entropy,
+    target_gradient,
+    victim_model,
+)
+from fedsim.attacks.labels import infer_labels, label_method
+from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
+from fedsim.core.config import require
+from fedsim.core.models import SplitNet
+
+OptimizerName = Literal["lbfgs", "adamw"]
+DEFAULT_LR: dict[str, float] = {"lbfgs": 1.0, "adamw": 1e-3}
+
+
+@dataclass(frozen=True)
+class MatchingParams:
+    """Hyper-parameters every gradient-matching attack takes.
+
+    Attributes
+    ----------
+    restarts:
+        Dummy initialisations per victim; the one with the lowest final
+        gradient distance is kept (a single run often diverges or stalls).
+    steps:
+        Optimiser steps; ``None`` takes the paper's count for ``optimizer``.
+    optimizer:
+        ``lbfgs`` (PyTorch's defaults, no line search) or ``adamw``.
+    lr:
+        Learning rate; ``None`` gives 1 for L-BFGS and 1e-3 for AdamW.
+    lbfgs_iterations:
+        Inner iterations (and objective evaluations) per L-BFGS step.
+    history_size:
+        L-BFGS curvature pairs kept.
+    weight_decay:
+        AdamW's decoupled weight decay.
+    dummy_init:
+        ``normal`` (N(0, 1) in model-input space), ``uniform`` (over the data
+        range) or ``constant`` (``dummy_constant`` as a pixel value).
+    dummy_constant:
+        The pixel value of a ``constant`` dummy, in [0, 1].
+    clamp:
+        Clamp the dummy into the data range: ``off``; after every optimiser
+        ``step`` (between ``torch.optim.LBFGS.step`` calls, as DLG-derived code
+        does); or after every ``iteration`` (each L-BFGS inner update,
+        projected L-BFGS; the same as ``step`` for AdamW).
+    labels:
+        ``joint``: optimise soft labels with the images (DLG). ``infer``: read
+        them from the last layer's gradient first (iDLG at batch 1, counting
+        for batches; see :mod:`fedsim.attacks.labels`) and keep them fixed.
+    """
+
+    paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 300, "adamw": 20_000}
+
+    restarts: int = 4
+    steps: int | None = None
+    optimizer: OptimizerName = "lbfgs"
+    lr: float | None = None
+    lbfgs_iterations: int = 20
+    history_size: int = 100
+    weight_decay: float = 0.01
+    dummy_init: Literal["normal", "uniform", "constant"] = "normal"
+    dummy_constant: float = 0.5
+    clamp: Literal["off", "step", "iteration"] = "off"
+    labels: Literal["joint", "infer"] = "joint"
+
+    def __post_init__(self) -> None:
+        require(self.restarts >= 1, "restarts", self.restarts, "must be >= 1")
+        require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be >= 1")
+        require(self.lr is None or self.lr > 0, "lr", self.lr, "must be > 0")
+        require(
+            self.lbfgs_iterations >= 1, "lbfgs-iterations", self.lbfgs_iterations, "must be >= 1"
+        )
+        require(self.history_size >= 1, "history-size", self.history_size, "must be >= 1")
+        require(self.weight_decay >= 0, "weight-decay", self.weight_decay, "must be >= 0")
+        require(
+            0 <= self.dummy_constant <= 1,
+            "dummy-constant",
+            self.dummy_constant,
+            "must be in [0, 1]",
+        )
+
+    @property
+    def step_count(self) -> int:
+        """``steps``, or the paper's count for the chosen optimiser."""
+        return self.steps if self.steps is not None else self.paper_steps[self.optimizer]
+
+    @property
+    def learning_rate(self) -> float:
+        """``lr``, or the paper's rate for the chosen optimiser."""
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Observations attacked together: same architecture, shared layers and batch shape."""
+
+    model: SplitNet
+    names: list[str]  # shared parameter names, the layers matched
+    params: dict[str, torch.Tensor]  # every parameter, stacked over victims (or one copy)
+    shared_model: bool  # every victim received the same global model
+    target: list[torch.Tensor]  # observed gradients, stacked over victims
+    constants: list[torch.Tensor]  # the distance's per-victim constants, stacked
+    labels: torch.Tensor | None  # fixed one-hot targets (V, B, K), or None when joint
+    image_shape: tuple[int, int, int, int]  # (B, C, H, W)
+    num_classes: int
+
+
+def layer_depths(model: SplitNet, names: Sequence[str]) -> list[int]:
+    """1-based depth of the layer each parameter in ``names`` belongs to.
+
+    A layer is a module owning parameters (a conv's weight and bias share a
+    depth); depth counts them in forward order over the whole model, so a
+    shared classifier keeps its true depth when the extractor is private.
+    """
+    modules = list(dict.fromkeys(n.rpartition(".")[0] for n, _ in model.named_parameters()))
+    return [modules.index(n.rpartition(".")[0]) + 1 for n in names]
+
+
+class GradientMatchingAttack(Attack):
+    """Reconstruct a batch by matching its gradient; subclasses give the distance."""
+
+    Params: ClassVar[type[MatchingParams]] = MatchingParams
+    params: MatchingParams
+
+    @staticmethod
+    @abstractmethod
+    def distance(
+        dummy: list[torch.Tensor], target: list[torch.Tensor], constants: list[torch.Tensor]
+    ) -> torch.Tensor:
+        """Scalar distance between a dummy and the observed gradient (one problem)."""
+
+    def distance_constants(
+        self, target: list[torch.Tensor], depths: list[int]
+    ) -> list[torch.Tensor]:
+        """Per-victim constants the distance needs (none by default)."""
+        return []
+
+    def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:
+        """Recover the victim's batch from ``observation`` alone."""
+        return self.reconstruct_many([observation], seed)[0]
+
+    def reconstruct_many(
+        self, observations: Sequence[Observation], seed: int = 0
+    ) -> list[Reconstruction]:
+        """Attack several observations in one batched optimisation.
+
+        Observations with the same architecture, shared layers and batch shape
+        run together; restart ``r`` starts from the same dummy whichever call
+        it is in, so batching changes speed, not results (up to float
+        rounding).
+        """
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, obs in enumerate(observations):
+            key = (
+                obs.model,
+                obs.input_spec,
+                obs.normalization,
+                tuple(obs.shared),
+                obs.num_examples,
+            )
+            groups.setdefault(key, []).append(i)
+        results: list[Reconstruction | None] = [None] * len(observations)
+        for members in groups.values():
+            batch = self._attack_group([observations[i] for i in members], seed)
+            for i, rec in zip(members, batch, strict=True):
+                results[i] = rec
+        return [r for r in results if r is not None]
+
+    def _build_group(self, observations: Sequence[Observation], seed: int) -> _Group:
+        first = observations[0]
+        model, _ = victim_model(first, self.device, seed)
+        names = list(first.shared)
+        depths = layer_depths(model, names)
+        per_victim_params, targets, constants, labels = [], [], [], []
+        spec = first.input_spec
+        for obs in observations:
+            _, params = victim_model(obs, self.device, seed)
+            target = target_gradient(obs, self.device)
+            per_victim_params.append(params)
+            targets.append([target[n].float() for n in names])
+            constants.append(self.distance_constants(targets[-1], depths))
+            if self.params.labels == "infer":
+                found = infer_labels(obs, self.device)
+                labels.append(F.one_hot(found, spec.num_classes).float())
+
+        def stack(items: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+            return [torch.stack(column) for column in zip(*items, strict=True)]
+
+        # Clients of one round got the same global model: keep one copy, so the
+        # batched forward uses plain convolutions instead of per-row (grouped) ones.
+        same = all(torch.equal(p[k], per_victim_params[0][k]) for p in per_victim_params for k in p)
+        return _Group(
+            model=model,
+            names=names,
+            params={
+                k: torch.stack([p[k] for p in per_victim_params[: 1 if same else None]])
+                for k in per_victim_params[0]
+            },
+            shared_model=same,
+            target=stack(targets),
+            constants=stack(constants) if constants[0] else [],
+            labels=torch.stack(labels) if labels else None,
+            image_shape=(first.num_examples, spec.channels, spec.image_size, spec.image_size),
+            num_classes=spec.num_classes,
+        )
+
+    def _problem_distance(self, group: _Group, transform: bool) -> Any:
+        """``(params, target, constants, images, soft_labels) -> distance`` for one problem.
+
+        ``transform``: take the dummy gradient with ``torch.func.grad`` (what
+        ``vmap`` needs); otherwise with plain autograd, which skips functorch's
+        per-call overhead when a problem runs alone.
+        """
+        model, names = group.model, group.names
+
+        def loss(shared, fixed, x, y):
+            return soft_cross_entropy(functional_call(model, {**fixed, **shared}, (x,)), y)
+
+        def problem(params, target, constants, x, y):
+            if transform:
+                shared = {n: params[n] for n in names}
+                fixed = {n: p for n, p in params.items() if n not in shared}
+                by_name = torch.func.grad(loss)(shared, fixed, x, y)
+                grads = [by_name[n] for n in names]
+            else:
+                leaves = {n: p.detach() for n, p in params.items()}
+                grads = batch_gradient(model, leaves, x, y, names)
+            return self.distance(grads, target, constants)
+
+        return problem
+
+    def _objective(self, group: _Group, restarts: int) -> Any:
+        """The batched objective over rows ``(victim, restart)`` for the optimiser."""
+        problem = self._problem_distance(group, transform=True)
+        lone = self._problem_distance(group, transform=False)
+        batch, channels, height, width = group.image_shape
+        pixels = batch * channels * height * width
+        batched_params = None if group.shared_model else 0
+
+        def objective(z: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            z = z.detach().requires_grad_(True)
+            x = z[:, :pixels].reshape(-1, batch, channels, height, width)
+            victims = rows // restarts
+            if group.labels is None:
+                y = z[:, pixels:].reshape(-1, batch, group.num_classes).softmax(dim=-1)
+            else:
+                y = group.labels[victims]
+            target = [t[victims] for t in group.target]
+            constants = [c[victims] for c in group.constants]
+            if group.shared_model:
+                params = {k: v[0] for k, v in group.params.items()}
+            else:
+                params = {k: v[victims] for k, v in group.params.items()}
+            if len(rows) == 1:
+                # vmap costs more than it saves for a single problem.
+                one = params if group.shared_model else {k: v[0] for k, v in params.items()}
+                value = lone(one, [t[0] for t in target], [c[0] for c in constants], x[0], y[0])
+                value = value[None]
+            else:
+                in_dims = (batched_params, 0, 0, 0, 0)
+                value = vmap(problem, in_dims=in_dims)(params, target, constants, x, y)
+            (grad,) = torch.autograd.grad(value.sum(), z)
+            return value.detach(), grad
+
+        return objective
+
+    def _optimizer(
+        self, z: torch.Tensor, bounds: tuple[torch.Tensor, torch.Tensor]
+    ) -> BatchedOptimizer:
+        p = self.params
+        inner = bounds if p.clamp == "iteration" else None
+        if p.optimizer == "adamw":
+            return BatchedAdamW(z, inner, lr=p.learning_rate, weight_decay=p.weight_decay)
+        return BatchedLBFGS(
+            z, inner, lr=p.learning_rate, max_iter=p.lbfgs_iterations, history_size=p.history_size
+        )
+
+    def _initial_rows(
+        self, observation: Observation, victims: int, seed: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Dummy rows ``(V * R, D)`` and the per-coordinate data range ``(D,)``.
+
+        Restart ``r`` draws from its own generator seeded by ``(seed, r)``, so
+        every victim's restart ``r`` starts alike whatever else is batched.
+        """
+        p, spec, norm = self.params, observation.input_spec, observation.normalization
+        shape = (observation.num_examples, spec.channels, spec.image_size, spec.image_size)
+        ones = torch.ones(1, spec.channels, 1, 1)
+        low, high = norm.to_model(0 * ones).expand(shape), norm.to_model(ones).expand(shape)
+        rows = []
+        for r in range(p.restarts):
+            state = np.random.SeedSequence([seed, r]).generate_state(1)[0]
+            gen = torch.Generator().manual_seed(int(state))
+            if p.dummy_init == "normal":
+                x = torch.randn(shape, generator=gen)
+            elif p.dummy_init == "uniform":
+                x = low + (high - low) * torch.rand(shape, generator=gen)
+            else:
+                x = norm.to_model(torch.full(shape, p.dummy_constant))
+            logits = torch.randn(shape[0], spec.num_classes, generator=gen)
+            parts = [x.flatten()] + ([logits.flatten()] if p.labels == "joint" else [])
+            rows.append(torch.cat(parts))
+        z = torch.stack(rows).repeat(victims, 1)
+        free = torch.full((z.shape[1] - low.numel(),), float("inf"))
+        lower = torch.cat([low.flatten(), -free])
+        upper = torch.cat([high.flatten(), free])
+        return z.to(self.device), lower.to(self.device), upper.to(self.device)
+
+    def _attack_group(self, observations: Sequence[Observation], seed: int) -> list[Reconstruction]:
+        start = time.perf_counter()
+        p = self.params
+        group = self._build_group(observations, seed)
+        victims, restarts = len(observations), p.restarts
+        z, lower, upper = self._initial_rows(observations[0], victims, seed)
+        if p.clamp != "off":
+            z = torch.clamp(z, lower, upper)
+        optimizer = self._optimizer(z, (lower, upper))
+        objective = self._objective(group, restarts)
+        trace = []
+        for _ in range(p.step_count):
+            trace.append(optimizer.step(objective))
+            if p.clamp == "step":
+                optimizer.project(lower, upper)
+        optimizer.evaluate(objective, ~optimizer.diverged)  # the distance where each row ended
+        final = torch.where(optimizer.diverged, float("inf"), optimizer.loss).view(victims, -1)
+        trace_rows = torch.stack(trace, dim=1).view(victims, restarts, -1)
+        seconds = (time.perf_counter() - start) / victims
+        results = []
+        for v, obs in enumerate(observations):
+            best = int(torch.argmin(final[v]))  # argmin of all-inf picks restart 0
+            row = v * restarts + best
+            results.append(
+                self._reconstruction(
+                    obs,
+                    optimizer.z[row],
+                    group,
+                    None if group.labels is None else group.labels[v].argmax(dim=-1),
+                    objective_trace=trace_rows[v, best].tolist(),
+                    final_objective=float(final[v, best]),
+                    seconds=seconds,
+                    details={
+                        "restart_objectives": final[v].tolist(),
+                        "chosen_restart": best,
+                        "diverged_restarts": int(optimizer.diverged.view(victims, -1)[v].sum()),
+                        "evaluations": optimizer.evaluations.view(victims, -1)[v].tolist(),
+                        "labels": "joint" if group.labels is None else label_method(obs),
+                        "batched_problems": victims * restarts,
+                    },
+                )
+            )
+        return results
+
+    def _reconstruction(
+        self,
+        observation: Observation,
+        row: torch.Tensor,
+        group: _Group,
+        fixed_labels: torch.Tensor | None,
+        **fields: Any,
+    ) -> Reconstruction:
+        batch, channels, height, width = group.image_shape
+        pixels = batch * channels * height * width
+        x = row[:pixels].detach().reshape(batch, channels, height, width).cpu()
+        if fixed_labels is None:
+            labels = row[pixels:].reshape(batch, group.num_classes).argmax(dim=-1).cpu()
+        else:
+            labels = fixed_labels.cpu()
+        images = observation.normalization.to_pixels(x).clamp(0, 1)
+        return Reconstruction(
+            images=images,
+            labels=labels,
+            iterations=self.params.step_count,
+            restarts=self.params.restarts,
+            **fields,
+        )

@@ -1,0 +1,127 @@
+"""What a simulated client holds, and the routine interface it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from fedsim.core.config import Scenario
+from fedsim.core.data import DatasetBundle, load_dataset
+from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
+from fedsim.core.partition import ClientSplit, partition_dataset
+from fedsim.core.training import (
+    LossFn,
+    client_config_from_record,
+    cross_entropy_loss,
+    derive_seed,
+    evaluate,
+    pick_device,
+    train_local,
+)
+
+
+@dataclass
+class ClientEnv:
+    """One client's world: its data indices, device and private state.
+
+    ``state`` is Flower's per-node ``context.state``; it never leaves the
+    client (routines that keep private parameters store them there).
+    ``state_dir`` is this run's folder for client-private files (private
+    models a resumed run must find); the server never reads it.
+    """
+
+    partition_id: int
+    scenario: Scenario
+    bundle: DatasetBundle
+    split: ClientSplit
+    device: torch.device
+    state: RecordDict
+    state_dir: Path | None = None
+
+    @classmethod
+    def create(
+        cls,
+        scenario: Scenario,
+        partition_id: int,
+        state: RecordDict,
+        state_dir: Path | None = None,
+    ) -> ClientEnv:
+        bundle = load_dataset(scenario.data)
+        splits = partition_dataset(
+            scenario.data, scenario.federation.num_clients, scenario.federation.seed
+        )
+        device = pick_device(scenario.backend.num_gpus > 0)
+        return cls(partition_id, scenario, bundle, splits[partition_id], device, state, state_dir)
+
+    @property
+    def train_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.split.train)
+        return self.bundle.train_images[idx], self.bundle.train_labels[idx]
+
+    @property
+    def test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.split.test)
+        return self.bundle.train_images[idx], self.bundle.train_labels[idx]
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return InputSpec(self.bundle.channels, self.bundle.image_size, self.bundle.num_classes)
+
+    def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
+        """A zoo model on this client's device, loaded with ``arrays`` (may be partial)."""
+        state = None if arrays is None else arrays.to_torch_state_dict()
+        seed = self.scenario.federation.seed
+        return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
+
+    def seed(self, server_round: int) -> int:
+        return derive_seed(self.scenario.federation.seed, server_round, self.partition_id)
+
+
+class ClientRoutine:
+    """Local work for one strategy; override :meth:`train` (and :meth:`evaluate`)."""
+
+    def train(
+        self, env: ClientEnv, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord, dict[str, Any]]:
+        """Default local training: the global model, the objective :meth:`loss`."""
+        model = self.build(env, arrays)
+        images, labels = env.train_data
+        cfg = client_config_from_record(config)
+        server_round = int(config["server-round"])  # type: ignore[arg-type]
+        stats = train_local(
+            model,
+            images,
+            labels,
+            cfg,
+            env.seed(server_round),
+            loss_fn=self.loss(model, config),
+        )
+        reply = self.reply_arrays(env, model, server_round)
+        return reply, {"train-loss": stats.mean_loss, "num-examples": stats.examples}
+
+    def build(self, env: ClientEnv, arrays: ArrayRecord) -> SplitNet:
+        """The network to train or evaluate, loaded with the received ``arrays``."""
+        return env.model(arrays)
+
+    def reply_arrays(self, env: ClientEnv, model: SplitNet, server_round: int) -> ArrayRecord:
+        """What a train reply carries: here the whole model.
+
+        Routines with private parameters keep those here (see
+        :mod:`fedsim.clients.private_state`) and return only the shared ones.
+        """
+        return ArrayRecord(model.state_dict())
+
+    def loss(self, model: SplitNet, config: ConfigRecord) -> LossFn:
+        """The local objective; subclasses add terms (e.g. FedProx's proximal term)."""
+        return cross_entropy_loss
+
+    def evaluate(self, env: ClientEnv, arrays: ArrayRecord, config: ConfigRecord) -> dict[str, Any]:
+        """Accuracy of the received model on the client's local test split."""
+        model = self.build(env, arrays)
+        images, labels = env.test_data
+        loss, acc = evaluate(model, images, labels)
+        return {"eval-loss": loss, "eval-acc": acc, "num-examples": len(labels)}

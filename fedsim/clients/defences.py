@@ -1,0 +1,415 @@
+"""Client-side defences: what a client does to what it uploads, before the server sees it.
+
+The threat is fedsim's honest-but-curious server, which reads every client's
+reply. Flower's central-DP wrappers (``DifferentialPrivacyServerSideFixedClipping``
+and ``...ClientSideFixedClipping`` in ``flwr.serverapp.strategy``) clip updates
+and add noise to the *aggregate* on the server: each client's reply reaches the
+server clean, so they protect the released model from third parties but not the
+clients from a curious server (fedsim's audit attacks exactly those replies).
+Defences that do protect against it act on the client, so the server only ever
+holds the defended upload; a scenario lists them as ``[[defences]]`` tables:
+
+- ``gaussian`` (``sigma``) and ``laplace`` (``scale``): i.i.d. noise added to every
+  coordinate of the update ``w - w_global``;
+- ``clip`` (``max-norm``): the update's L2 norm (over all uploaded parameters)
+  scaled down to at most ``max-norm``;
+- ``dp-sgd`` (``noise-multiplier``, ``max-grad-norm``, ``delta``, ``accountant``):
+  local training with Opacus, per-example gradient clipping and Gaussian noise
+  at every step; the client reports the epsilon spent so far (record-level
+  (epsilon, delta)-DP of its own data, Opacus's accountant) as ``dp-epsilon``
+  every round it trains.
+
+Upload defences chain in the listed order, like pfl-research's postprocessors
+(``clip`` then ``gaussian`` is local DP-FedAvg's mechanism, without its
+accounting). Noise comes from generators seeded by the scenario seed, the round
+and the partition, so runs repeat exactly. Only trainable parameters are
+defended: normalisation running statistics (FedCG's generator) are uploaded as
+computed, as Opacus refuses such layers for the same reason. Flower's own
+``LocalDpMod`` is the clip-and-noise mechanism too, unseeded and only for
+replies with the keys they were sent.
+
+Under the audit's ``probe`` threat model the server attacks the gradient of one
+batch, the upload of a client sharing gradients (the papers' setting; FedCG
+Table 2 adds its noise "to shared gradients"): the same chain acts on that
+gradient, in gradient units, and ``dp-sgd`` clips it and adds the noise of one
+DP-SGD step (exact for a probe batch of one; a larger batch is clipped as a whole).
+
+Limits: ``dp-sgd`` covers :func:`fedsim.core.training.train_local`, hence FedAvg,
+FedSplit, local and FedCG's first stage, not FedCG's GAN stage (its generator
+is uploaded without DP); it refuses FedProx, whose proximal term Opacus's
+optimiser would drop, and models with BatchNorm. The accountant assumes
+Poisson sampling at rate batch/examples, where clients draw shuffled batches
+(the usual approximation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from torch import nn
+
+from fedsim.clients.base import ClientEnv, ClientRoutine
+from fedsim.core.config import ClientConfig, Scenario, ScenarioError, require
+from fedsim.core.models import InputSpec, build_model
+from fedsim.core.registry import Registry
+from fedsim.core.training import TRAINING_HOOK, derive_seed
+from fedsim.engine.validate import component_params, lookup
+
+if TYPE_CHECKING:
+    from opacus import GradSampleModule
+
+# Opacus is imported where DP-SGD runs: it adds seconds to every client actor's start.
+DEFENCES: Registry[Any] = Registry("defence")
+Tensors = dict[str, torch.Tensor]
+
+UPLOAD_STREAM = 13  # seed streams, apart from training's and private initialisation's
+PROBE_STREAM = 14
+DP_SGD_STREAM = 15
+ACCOUNTANT_KEY = "dp-sgd-accountant"
+EPSILON_METRIC = "dp-epsilon"
+
+
+def global_norm(tensors: Tensors) -> float:
+    """L2 norm of all ``tensors`` taken as one vector."""
+    return math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors.values()))
+
+
+def clip_to_norm(tensors: Tensors, max_norm: float) -> Tensors:
+    """``tensors`` scaled down so that their global L2 norm is at most ``max_norm``."""
+    norm = global_norm(tensors)
+    if norm <= max_norm:
+        return tensors
+    factor = max_norm / norm
+    return {k: t * factor for k, t in tensors.items()}
+
+
+def _noise(draw: Any, like: torch.Tensor, width: float) -> torch.Tensor:
+    return torch.from_numpy(draw(0.0, width, size=tuple(like.shape))).to(like.dtype)
+
+
+class Defence:
+    """A client-side defence: a frozen ``Params`` dataclass plus hooks.
+
+    :meth:`protect` post-processes the update a client uploads;
+    :meth:`protect_gradient` the gradient a probed client shares;
+    :meth:`training` may change local training (DP-SGD).
+    """
+
+    Params: ClassVar[type]
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+
+    def check(self, scenario: Scenario, key: str) -> None:
+        """Reject scenarios this defence cannot protect (runs before Ray starts)."""
+
+    def protect(self, update: Tensors, rng: np.random.Generator) -> Tensors:
+        """The update as uploaded."""
+        return update
+
+    def protect_gradient(
+        self, gradient: Tensors, batch_size: int, rng: np.random.Generator
+    ) -> Tensors:
+        """A shared batch gradient as uploaded; by default what :meth:`protect` does."""
+        return self.protect(gradient, rng)
+
+    def training(self, env: ClientEnv, server_round: int) -> DPTraining | None:
+        """A hook for :func:`fedsim.core.training.train_local`, or ``None``."""
+        return None
+
+
+@dataclass(frozen=True)
+class GaussianParams:
+    """``sigma``: standard deviation of the noise on every uploaded coordinate."""
+
+    sigma: float
+
+    def __post_init__(self) -> None:
+        require(self.sigma >= 0, "sigma", self.sigma, "must be >= 0")
+
+
+@DEFENCES.register("gaussian")
+class GaussianNoise(Defence):
+    """Adds N(0, sigma^2) to every coordinate of the upload."""
+
+    Params = GaussianParams
+
+    def protect(self, update: Tensors, rng: np.random.Generator) -> Tensors:
+        return {k: t + _noise(rng.normal, t, self.params.sigma) for k, t in update.items()}
+
+
+@dataclass(frozen=True)
+class LaplaceParams:
+    """``scale``: the Laplace scale b (standard deviation b * sqrt(2)) per coordinate."""
+
+    scale: float
+
+    def __post_init__(self) -> None:
+        require(self.scale >= 0, "scale", self.scale, "must be >= 0")
+
+
+@DEFENCES.register("laplace")
+class LaplaceNoise(Defence):
+    """Adds Laplace(0, scale) noise to every coordinate of the upload."""
+
+    Params = LaplaceParams
+
+    def protect(self, update: Tensors, rng: np.random.Generator) -> Tensors:
+        return {k: t + _noise(rng.laplace, t, self.params.scale) for k, t in update.items()}
+
+
+@dataclass(frozen=True)
+class ClipParams:
+    """``max-norm``: bound on the L2 norm of the whole update."""
+
+    max_norm: float
+
+    def __post_init__(self) -> None:
+        require(self.max_norm > 0, "max-norm", self.max_norm, "must be > 0")
+
+
+@DEFENCES.register("clip")
+class NormClip(Defence):
+    """Scales the update down to L2 norm ``max-norm`` when it is longer."""
+
+    Params = ClipParams
+
+    def protect(self, update: Tensors, rng: np.random.Generator) -> Tensors:
+        return clip_to_norm(update, self.params.max_norm)
+
+
+@dataclass(frozen=True)
+class DPSGDParams:
+    """Opacus DP-SGD: per-example clipping norm, noise std / norm, accounting delta."""
+
+    noise_multiplier: float = 1.0
+    max_grad_norm: float = 1.0
+    delta: float = 1e-5
+    accountant: Literal["rdp", "prv"] = "rdp"
+
+    def __post_init__(self) -> None:
+        require(self.noise_multiplier > 0, "noise-multiplier", self.noise_multiplier, "must be > 0")
+        require(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "must be > 0")
+        require(0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
+
+
+@DEFENCES.register("dp-sgd")
+class DPSGD(Defence):
+    """Local training with per-example clipping and Gaussian noise (Opacus), accounted."""
+
+    Params = DPSGDParams
+
+    def check(self, scenario: Scenario, key: str) -> None:
+        # Opacus's optimiser replaces each gradient by the noisy sum of clipped
+        # per-example gradients: a loss term outside the model (FedProx's) is lost.
+        require(
+            scenario.strategy.name != "fedprox",
+            key,
+            "dp-sgd",
+            "cannot train FedProx: Opacus drops its proximal term; use fedavg",
+        )
+        from opacus.validators import ModuleValidator
+
+        spec = InputSpec(3, scenario.data.image_size, 10)  # layer types do not depend on it
+        errors = ModuleValidator.validate(build_model(scenario.model, spec), strict=False)
+        if errors:
+            raise ScenarioError(
+                key, "dp-sgd", f"Opacus cannot train model {scenario.model.name!r}: {errors[0]}"
+            )
+
+    def protect_gradient(
+        self, gradient: Tensors, batch_size: int, rng: np.random.Generator
+    ) -> Tensors:
+        p = self.params
+        clipped = clip_to_norm(gradient, p.max_grad_norm)
+        std = p.noise_multiplier * p.max_grad_norm / batch_size
+        return {k: t + _noise(rng.normal, t, std) for k, t in clipped.items()}
+
+    def training(self, env: ClientEnv, server_round: int) -> DPTraining:
+        seed = derive_seed(
+            env.scenario.federation.seed, DP_SGD_STREAM, server_round, env.partition_id
+        )
+        return DPTraining(self.params, env, seed)
+
+
+class DPTraining:
+    """The :class:`~fedsim.core.training.TrainingHook` of DP-SGD for one client and round.
+
+    The accountant's history (noise multiplier, sample rate, steps) is the
+    client's private state: kept in the node state and, like
+    :mod:`fedsim.clients.private_state`, in the run's client-state folder, so the
+    epsilon of a resumed run goes on growing.
+    """
+
+    def __init__(self, params: DPSGDParams, env: ClientEnv, seed: int) -> None:
+        self.params = params
+        self.env = env
+        self.seed = seed
+        from opacus.accountants import create_accountant
+
+        self.accountant = create_accountant(params.accountant)
+        self.accountant.history = self._load_history()
+        self._wrapped: GradSampleModule | None = None
+        self._frozen: list[nn.Parameter] = []
+
+    def attach(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: ClientConfig, examples: int
+    ) -> torch.optim.Optimizer:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        # Per-example gradients only for what is trained (FedCG's first stage
+        # leaves its generator, which has BatchNorm, untouched).
+        self._frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in trained]
+        for p in self._frozen:
+            p.requires_grad_(False)
+        self._wrapped = GradSampleModule(model, loss_reduction="mean")
+        device = next(model.parameters()).device
+        private = DPOptimizer(
+            optimizer,
+            noise_multiplier=self.params.noise_multiplier,
+            max_grad_norm=self.params.max_grad_norm,
+            expected_batch_size=cfg.batch_size,
+            generator=torch.Generator(device).manual_seed(self.seed),
+        )
+        rate = min(1.0, cfg.batch_size / max(1, examples))
+        z = self.params.noise_multiplier
+        private.attach_step_hook(
+            lambda _: self.accountant.step(noise_multiplier=z, sample_rate=rate)
+        )
+        return private
+
+    def detach(self, model: nn.Module) -> None:
+        if self._wrapped is not None:
+            self._wrapped.remove_hooks()
+            self._wrapped = None
+        for p in model.parameters():
+            p.grad_sample = None  # type: ignore[attr-defined]
+        for p in self._frozen:
+            p.requires_grad_(True)
+        self._frozen = []
+
+    def epsilon(self) -> float:
+        """Epsilon spent by every step so far, at the configured delta (0 before any)."""
+        if not self.accountant.history:
+            return 0.0
+        return float(self.accountant.get_epsilon(delta=self.params.delta))
+
+    def _state_file(self) -> Any:
+        assert self.env.state_dir is not None
+        return self.env.state_dir / f"dp-sgd-partition-{self.env.partition_id}.json"
+
+    def _load_history(self) -> list[tuple[float, float, int]]:
+        record = self.env.state.config_records.get(ACCOUNTANT_KEY)
+        if record is not None:
+            table: dict[str, Any] = dict(record.items())
+        elif self.env.state_dir is not None and self._state_file().is_file():
+            table = json.loads(self._state_file().read_text())
+        else:
+            return []
+        return list(zip(table["noise"], table["rate"], table["steps"], strict=True))
+
+    def save(self) -> None:
+        """Keep the accountant's history (node state, and the run's client-state folder)."""
+        history = self.accountant.history
+        table = {
+            "noise": [float(h[0]) for h in history],
+            "rate": [float(h[1]) for h in history],
+            "steps": [int(h[2]) for h in history],
+        }
+        self.env.state[ACCOUNTANT_KEY] = ConfigRecord(table)  # type: ignore[arg-type]
+        if self.env.state_dir is None:
+            return
+        self.env.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self._state_file()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, path)
+
+
+def defence_chain(scenario: Scenario) -> list[Defence]:
+    """The scenario's defences, in order, with validated parameters."""
+    chain = []
+    for i, cfg in enumerate(scenario.defences):
+        key = f"defences[{i}]"
+        cls = lookup(DEFENCES, cfg.name, key)
+        chain.append(cls(component_params(cls, cfg, key)))
+    return chain
+
+
+def check_defences(scenario: Scenario) -> None:
+    """Validate the scenario's ``[[defences]]`` (names, parameters, combinations)."""
+    for i, defence in enumerate(defence_chain(scenario)):
+        defence.check(scenario, f"defences[{i}]")
+    names = [d.name for d in scenario.defences]
+    require(names.count("dp-sgd") <= 1, "defences", names, "list dp-sgd at most once")
+
+
+def _rng(scenario: Scenario, stream: int, server_round: int, partition: int) -> np.random.Generator:
+    return np.random.default_rng(
+        derive_seed(scenario.federation.seed, stream, server_round, partition)
+    )
+
+
+def protect_upload(
+    chain: list[Defence],
+    sent: ArrayRecord,
+    reply: ArrayRecord,
+    parameter_names: set[str],
+    rng: np.random.Generator,
+) -> ArrayRecord:
+    """``reply`` with the update of each trainable parameter passed through ``chain``.
+
+    The update is ``reply - sent`` for tensors the server sent, the tensor
+    itself otherwise.
+    """
+    received = sent.to_torch_state_dict()
+    uploaded = dict(reply.to_torch_state_dict())
+    names = [k for k in uploaded if k in parameter_names and uploaded[k].is_floating_point()]
+    update = {k: uploaded[k] - received[k] if k in received else uploaded[k] for k in names}
+    for defence in chain:
+        update = defence.protect(update, rng)
+    for k in names:
+        uploaded[k] = update[k] + received[k] if k in received else update[k]
+    return ArrayRecord(uploaded)
+
+
+def train_defended(
+    routine: ClientRoutine, env: ClientEnv, sent: ArrayRecord, config: ConfigRecord
+) -> tuple[ArrayRecord, dict[str, Any]]:
+    """Run ``routine.train`` under the scenario's defences (the client app's train handler)."""
+    chain = defence_chain(env.scenario)
+    if not chain:
+        return routine.train(env, sent, config)
+    server_round = int(config["server-round"])  # type: ignore[arg-type]
+    hooks = [h for h in (d.training(env, server_round) for d in chain) if h is not None]
+    token = TRAINING_HOOK.set(hooks[0] if hooks else None)
+    try:
+        arrays, metrics = routine.train(env, sent, config)
+    finally:
+        TRAINING_HOOK.reset(token)
+    names = {n for n, _ in routine.build(env, sent).named_parameters()}
+    rng = _rng(env.scenario, UPLOAD_STREAM, server_round, env.partition_id)
+    arrays = protect_upload(chain, sent, arrays, names, rng)
+    for hook in hooks:
+        hook.save()
+        metrics[EPSILON_METRIC] = hook.epsilon()
+    return arrays, metrics
+
+
+def protect_probe(
+    scenario: Scenario, gradient: Tensors, batch_size: int, server_round: int, partition: int
+) -> Tensors:
+    """The probe gradient as a client with the scenario's defences would share it."""
+    rng = _rng(scenario, PROBE_STREAM, server_round, partition)
+    for defence in defence_chain(scenario):
+        gradient = defence.protect_gradient(gradient, batch_size, rng)
+    return gradient

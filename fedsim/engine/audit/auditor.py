@@ -1,0 +1,279 @@
+"""Runs the configured attacks on intercepted updates and records the leakage.
+
+Each (victim, attack) is one Ray task holding only the
+:class:`~fedsim.attacks.base.Observation`; ground truth stays in the driver and meets
+the reconstruction in :func:`fedsim.core.metrics.score_reconstruction`. Tasks ask
+for no CPU but one unit of the custom ``audit`` resource (declared in
+``ray.init`` by the runner) so they never wait behind Flower's client-actor
+pool, which takes every CPU; ``audit.workers`` bounds how many run at once.
+
+``sync`` mode waits for a round's attacks at the end of that round (their
+mean PSNR/SSIM join that round's metrics); ``async`` mode lets training go on,
+and every result is written as it completes. All are joined before the run ends.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from rich.console import Console
+from torchvision.utils import make_grid, save_image
+
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.core.config import ComponentConfig, Scenario
+from fedsim.core.data import DatasetBundle
+from fedsim.core.metrics import score_reconstruction
+from fedsim.core.models import InputSpec
+from fedsim.core.training import client_config_from_record, derive_seed
+from fedsim.engine.audit.observe import images_in_update, observe_reply
+from fedsim.engine.audit.oracle import GroundTruth, GroundTruthOracle
+from fedsim.engine.loop import RoundRecord
+from fedsim.engine.results import write_csv_atomic
+from fedsim.engine.validate import component_params
+
+AUDIT_FILE = "audit.csv"
+AUDIT_IMAGES = "audit"
+AUDIT_RESOURCE = "audit"
+
+
+def run_attack(
+    attack: ComponentConfig, observation: Observation, seed: int, device: str, threads: int
+) -> Reconstruction:
+    """Run one attack on one observation (the body of a Ray task)."""
+    torch.set_num_threads(threads)
+    attack_cls = ATTACKS.get(attack.name)
+    params = component_params(attack_cls, attack, "audit.attacks")
+    chosen = device if device == "cpu" or torch.cuda.is_available() else "cpu"
+    return attack_cls(params, device=chosen).reconstruct(observation, seed=seed)
+
+
+_remote_attack = ray.remote(run_attack)
+
+
+@dataclass
+class _Job:
+    round: int
+    client: int
+    attack: ComponentConfig
+    observation: Observation
+    truth: GroundTruth
+    submitted: float
+
+
+class Auditor:
+    """Chooses victims, submits attacks, scores results, writes records."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        bundle: DatasetBundle,
+        routine_name: str,
+        run_dir: Path,
+        console: Console,
+    ) -> None:
+        self.scenario = scenario
+        self.cfg = scenario.audit
+        self.bundle = bundle
+        self.spec = InputSpec(bundle.channels, bundle.image_size, bundle.num_classes)
+        self.oracle = GroundTruthOracle(scenario, routine_name, run_dir / "client_state")
+        self.run_dir = run_dir
+        self.console = console
+        self.device = "cuda" if self.cfg.num_gpus > 0 else "cpu"
+        self.rows: list[dict[str, Any]] = []
+        self._pending: dict[Any, _Job] = {}
+        self._lock = threading.Lock()
+        self._collector: threading.Thread | None = None
+        self._closing = threading.Event()
+
+    # -- choosing and submitting -------------------------------------------------
+
+    def victims(self, server_round: int, partitions: list[int]) -> list[int]:
+        """Which of this round's repliers to attack."""
+        if self.cfg.victim_ids:
+            return [p for p in partitions if p in self.cfg.victim_ids]
+        if self.cfg.victims == 0 or self.cfg.victims >= len(partitions):
+            return sorted(partitions)
+        rng = np.random.default_rng([self.cfg.seed, 5, server_round])
+        return sorted(int(p) for p in rng.choice(sorted(partitions), self.cfg.victims, False))
+
+    def observe_round(
+        self,
+        server_round: int,
+        sent_arrays: ArrayRecord,
+        sent_config: ConfigRecord,
+        replies: list[Message],
+    ) -> None:
+        if not self.cfg.audits_round(server_round):
+            return
+        by_partition = {int(r.content["metrics"]["partition-id"]): r for r in replies}  # type: ignore[arg-type]
+        cfg = client_config_from_record(sent_config)
+        for partition in self.victims(server_round, list(by_partition)):
+            reply = by_partition[partition]
+            probe, truth = None, None
+            if self.cfg.threat_model == "probe":
+                probe, truth = self.oracle.probe(
+                    partition, server_round, cfg, sent_arrays, self.cfg.probe_batch_size
+                )
+            else:
+                count = images_in_update(int(reply.content["metrics"]["num-examples"]), cfg)  # type: ignore[arg-type]
+                if count > self.cfg.max_images:
+                    self.console.print(
+                        f"  audit round {server_round}: client {partition} trained on {count} "
+                        f"images (> audit.max-images = {self.cfg.max_images}); skipped. Use "
+                        'client.local-steps with a small batch, or threat-model = "probe".'
+                    )
+                    continue
+                truth = self.oracle.update_batch(partition, server_round, cfg)
+            observation = observe_reply(
+                self.scenario,
+                self.spec,
+                self.bundle.normalization,
+                server_round,
+                sent_arrays,
+                sent_config,
+                reply,
+                self.cfg.threat_model,
+                probe,
+                self.cfg.probe_batch_size,
+            )
+            for attack in self.cfg.attacks:
+                self._submit(_Job(server_round, partition, attack, observation, truth, 0.0))
+
+    def _submit(self, job: _Job) -> None:
+        seed = derive_seed(self.cfg.seed, job.round, job.client)
+        resources = {AUDIT_RESOURCE: 1.0} if self._has_audit_resource() else {}
+        task = _remote_attack.options(
+            num_cpus=0 if resources else self.cfg.threads_per_attack,
+            num_gpus=self.cfg.num_gpus,
+            resources=resources,
+        )
+        job.submitted = time.perf_counter()
+        ref = task.remote(
+            job.attack, job.observation, seed, self.device, self.cfg.threads_per_attack
+        )
+        with self._lock:
+            self._pending[ref] = job
+        if self.cfg.mode == "async":
+            self._ensure_collector()
+
+    @staticmethod
+    def _has_audit_resource() -> bool:
+        return ray.cluster_resources().get(AUDIT_RESOURCE, 0) > 0
+
+    # -- collecting --------------------------------------------------------------
+
+    def _ensure_collector(self) -> None:
+        if self._collector is None:
+            self._collector = threading.Thread(target=self._collect_loop, daemon=True)
+            self._collector.start()
+
+    def _collect_loop(self) -> None:
+        while not (self._closing.is_set() and not self._pending):
+            self._collect(timeout=0.5)
+
+    def _collect(self, timeout: float | None, only_round: int | None = None) -> None:
+        with self._lock:
+            refs = [
+                ref
+                for ref, job in self._pending.items()
+                if only_round is None or job.round == only_round
+            ]
+        if not refs:
+            time.sleep(0.05 if timeout else 0)
+            return
+        done, _ = ray.wait(refs, num_returns=len(refs) if timeout is None else 1, timeout=timeout)
+        for ref in done:
+            with self._lock:
+                job = self._pending.pop(ref)
+            self._record(job, ray.get(ref))
+
+    def _record(self, job: _Job, rec: Reconstruction) -> None:
+        score = score_reconstruction(rec.images, job.truth.images, rec.labels, job.truth.labels)
+        obs = job.observation
+        row = {
+            "round": job.round,
+            "client": job.client,
+            "strategy": obs.strategy,
+            "attack": job.attack.name,
+            "threat-model": obs.threat_model,
+            "shared-kind": obs.shared_kind,
+            "parameters-observed": sum(t.numel() for t in obs.shared.values()),
+            "tensors-observed": len(obs.shared),
+            "batch-size": len(job.truth.labels),
+            "psnr": score.psnr,
+            "ssim": score.ssim,
+            "mse": score.mse,
+            "label-acc": score.label_accuracy,
+            "iterations": rec.iterations,
+            "restarts": rec.restarts,
+            "final-objective": rec.final_objective,
+            "seconds": rec.seconds,
+            "wall-seconds": time.perf_counter() - job.submitted,
+            "attack-params": repr(job.attack.params),
+        }
+        folder = self.run_dir / AUDIT_IMAGES
+        folder.mkdir(exist_ok=True)
+        matched = rec.images.detach().cpu().clamp(0, 1)[list(score.assignment)]
+        grid = make_grid(torch.cat([job.truth.images, matched]), nrow=len(job.truth.labels))
+        save_image(
+            grid, folder / f"round-{job.round:03d}-client-{job.client}-{job.attack.name}.png"
+        )
+        with self._lock:
+            self.rows.append(row)
+            self._write_rows()
+        self.console.print(
+            f"  audit round {job.round}: {job.attack.name} on client {job.client} "
+            f"({obs.threat_model}): PSNR {score.psnr:.2f} dB, SSIM {score.ssim:.3f}, "
+            f"labels {score.label_accuracy:.0%} ({row['seconds']:.1f}s)"
+        )
+
+    # -- loop hooks --------------------------------------------------------------
+
+    def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
+        """Sync mode: finish this round's attacks; add their means to the round."""
+        if self.cfg.mode == "sync":
+            self._collect(timeout=None, only_round=record.round)
+            rows = [r for r in self.rows if r["round"] == record.round]
+            if rows:
+                finite = [r["psnr"] for r in rows if math.isfinite(r["psnr"])]
+                record.server["audit-psnr"] = float(np.mean(finite)) if finite else math.inf
+                record.server["audit-ssim"] = float(np.mean([r["ssim"] for r in rows]))
+                record.server["audit-label-acc"] = float(np.mean([r["label-acc"] for r in rows]))
+
+    # -- checkpointing (fedsim.engine.checkpoint.Checkpointable) ------------------------
+
+    checkpoint_key = "audit"
+
+    def state_dict(self) -> dict[str, Any]:
+        """Finished audit rows. In async mode attacks still running at a
+        checkpoint are not in it: a resumed run does not redo them."""
+        with self._lock:
+            return {"rows": [dict(r) for r in self.rows]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.rows = [dict(r) for r in state.get("rows", [])]
+            if self.rows:
+                self._write_rows()
+
+    def _write_rows(self) -> None:
+        rows = sorted(self.rows, key=lambda r: (r["round"], r["client"], r["attack"]))
+        write_csv_atomic(rows, self.run_dir / AUDIT_FILE)
+
+    def finish(self) -> None:
+        """Join every outstanding attack (called before the run ends)."""
+        self._closing.set()
+        if self._collector is not None:
+            self._collector.join()
+        while self._pending:
+            self._collect(timeout=None)

@@ -1,0 +1,540 @@
+"""``fedsim compare``: a privacy-utility sweep from one spec file.
+
+Users weigh accuracy against leakage; FedCG's Table 2 is the model. A spec
+names a base scenario and the axes of a sweep, strategies x defences x seeds.
+Each configuration is the base with overrides: the spec's, the strategy
+entry's, the defence entry's, then the seed (``federation.seed`` and
+``audit.seed``). Every configuration's scenario is validated before anything
+runs.
+
+Spec (TOML)::
+
+    name = "table2"
+    description = "..."
+    base = "audit-fedavg.toml"   # a scenario file (relative to the spec), or a [base] table
+    overrides = { federation.rounds = 5 }   # changes to the base for every configuration
+    seeds = [0, 1]
+    parallel = 1                 # runs at once; > 1: each run in its own process and Ray
+    accuracy = "auto"            # or "test-acc" / "client-eval-acc" for every row
+
+    [[strategies]]               # default: the base's strategy
+    label = "FedAvg"
+    strategy = "fedavg"          # or {name = "fedprox", mu = 0.01}
+    overrides = { client.lr = 0.01 }   # any scenario keys; tables merge key by key
+
+    [[defences]]                 # default: none
+    label = "DP sigma=0.1"
+    chain = [{name = "gaussian", sigma = 0.1}]   # the scenario's [[defences]]
+    strategies = ["FedAvg"]      # only with these strategy labels (default: all)
+
+Runs: ``parallel = 1`` runs the configurations one after another in this
+process (one Ray start each; on 2 cores a run already uses both).
+``parallel = N`` runs N at once, each as ``fedsim run`` in a subprocess with
+its own Ray (give the base ``backend.ray-cpus`` so they share the machine).
+
+Resume: each run lives in ``<out>/runs/<configuration>/seed-<k>``; when it
+ends, a marker (``compare.json``: the hash of its resolved scenario) is
+written. A rerun skips runs whose marker matches, and starts over a run
+without one (interrupted) or with a stale one (its configuration changed).
+
+Outputs in ``<out>``: ``results.csv`` (one row per run and attack),
+``table.csv`` and ``table.md`` (mean and std over seeds per configuration),
+``privacy-utility.png`` (accuracy against audit PSNR) and ``report.md``.
+Accuracy is the final round's: ``test-acc`` (the global model on the held-out
+test set) where the run has one, else ``client-eval-acc`` (personalised: each
+client's model on its local test split, mean over clients; FedSplit, FedCG and
+local have no global model). Audit columns are means over every audited
+(round, victim) of the run, non-finite PSNRs left out as the auditor does.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import tomli_w
+from matplotlib.figure import Figure
+from rich.console import Console
+
+from fedsim.core.config import (
+    Scenario,
+    ScenarioError,
+    parse_table,
+    read_toml,
+    require,
+    scenario_from_dict,
+    scenario_to_dict,
+)
+from fedsim.engine.audit.auditor import AUDIT_FILE
+from fedsim.engine.results import METRICS_FILE, SUMMARY_FILE
+
+RUNS_DIR = "runs"
+MARKER = "compare.json"
+RESULTS_FILE = "results.csv"
+TABLE_CSV = "table.csv"
+TABLE_MD = "table.md"
+PLOT_FILE = "privacy-utility.png"
+REPORT_FILE = "report.md"
+SCORES = ("accuracy", "psnr", "ssim", "label-acc", "epsilon")
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    """One value of the strategy axis: a strategy and further overrides."""
+
+    label: str = ""
+    strategy: str | dict[str, Any] | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DefenceEntry:
+    """One value of the defence axis: a defence chain, for some or all strategies."""
+
+    label: str = ""
+    chain: tuple[dict[str, Any], ...] = ()
+    strategies: tuple[str, ...] = ()
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    """A sweep: the base scenario and its axes (see the module docstring)."""
+
+    base: str | dict[str, Any]
+    name: str = "compare"
+    description: str = ""
+    seeds: tuple[int, ...] = (0,)
+    parallel: int = 1
+    accuracy: Literal["auto", "test-acc", "client-eval-acc"] = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    strategies: tuple[StrategyEntry, ...] = (StrategyEntry(),)
+    defences: tuple[DefenceEntry, ...] = (DefenceEntry(label="none"),)
+
+    def __post_init__(self) -> None:
+        require(len(self.seeds) >= 1, "seeds", self.seeds, "list at least one seed")
+        require(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds, "must differ")
+        require(self.parallel >= 1, "parallel", self.parallel, "must be >= 1")
+        require(len(self.strategies) >= 1, "strategies", (), "list at least one strategy")
+        require(len(self.defences) >= 1, "defences", (), "list at least one defence entry")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One run of the sweep: a (strategy, defence) pair at one seed."""
+
+    label: str
+    strategy: str
+    defence: str
+    seed: int
+    scenario: Scenario
+
+    @property
+    def path(self) -> Path:
+        """The run directory, relative to the sweep's ``runs/`` folder."""
+        return Path(slug(self.label)) / f"seed-{self.seed}"
+
+
+def slug(label: str) -> str:
+    """A folder name for ``label``: lower-case words joined by dashes."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "run"
+
+
+def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides``: tables merge key by key, other values replace."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_spec(path: str | Path) -> tuple[CompareSpec, dict[str, Any]]:
+    """The spec in ``path`` and its base scenario's raw tables."""
+    path = Path(path)
+    raw = read_toml(path, "spec")
+    raw.setdefault("name", path.stem)
+    spec = parse_table(CompareSpec, raw)
+    if isinstance(spec.base, str):
+        base = read_toml(path.parent / spec.base, "base")
+    else:
+        base = dict(spec.base)
+    return spec, base
+
+
+def _strategy_label(entry: StrategyEntry, base: Mapping[str, Any]) -> str:
+    chosen = entry.strategy if entry.strategy is not None else base.get("strategy", "fedavg")
+    return entry.label or (chosen if isinstance(chosen, str) else str(chosen.get("name", "")))
+
+
+def _defence_label(entry: DefenceEntry) -> str:
+    return entry.label or (" + ".join(str(t.get("name")) for t in entry.chain) or "none")
+
+
+def configurations(spec: CompareSpec, base: Mapping[str, Any]) -> list[Configuration]:
+    """Every configuration of the sweep, each scenario validated (a :class:`ScenarioError`)."""
+    strategy_labels = [_strategy_label(s, base) for s in spec.strategies]
+    defence_labels = [_defence_label(d) for d in spec.defences]
+    for axis, labels in (("strategies", strategy_labels), ("defences", defence_labels)):
+        require(len(set(labels)) == len(labels), axis, labels, "labels must differ")
+    for i, entry in enumerate(spec.defences):
+        unknown = sorted(set(entry.strategies) - set(strategy_labels))
+        require(
+            not unknown,
+            f"defences[{i}].strategies",
+            unknown,
+            f"not a strategy label; labels: {', '.join(strategy_labels)}",
+        )
+    out: list[Configuration] = []
+    for s_entry, s_label in zip(spec.strategies, strategy_labels, strict=True):
+        for d_entry, d_label in zip(spec.defences, defence_labels, strict=True):
+            if d_entry.strategies and s_label not in d_entry.strategies:
+                continue
+            label = s_label if not d_entry.chain and d_label == "none" else f"{s_label} + {d_label}"
+            for seed in spec.seeds:
+                scenario = _scenario(spec, base, s_entry, d_entry, label, seed)
+                out.append(Configuration(label, s_label, d_label, seed, scenario))
+    slugs = [str(c.path) for c in out]
+    require(len(set(slugs)) == len(slugs), "labels", slugs, "configuration folders must differ")
+    return out
+
+
+def _scenario(
+    spec: CompareSpec,
+    base: Mapping[str, Any],
+    s_entry: StrategyEntry,
+    d_entry: DefenceEntry,
+    label: str,
+    seed: int,
+) -> Scenario:
+    raw = merge(base, spec.overrides)
+    if s_entry.strategy is not None:
+        raw["strategy"] = copy.deepcopy(s_entry.strategy)
+    raw = merge(raw, s_entry.overrides)
+    raw = merge(raw, {"defences": list(d_entry.chain), **d_entry.overrides})
+    raw = merge(raw, {"federation": {"seed": seed}, "audit": {"seed": seed}})
+    raw["name"] = f"{spec.name}-{slug(label)}-seed-{seed}"
+    try:
+        return scenario_from_dict(raw)
+    except ScenarioError as err:
+        raise ScenarioError(f"[{label}, seed {seed}] {err.key}", err.value, err.allowed) from None
+
+
+def scenario_hash(scenario: Scenario) -> str:
+    """A short hash of the resolved scenario: a finished run is reused only for the same one."""
+    return hashlib.sha256(tomli_w.dumps(scenario_to_dict(scenario)).encode()).hexdigest()[:16]
+
+
+def is_finished(config: Configuration, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a completed run of exactly ``config``'s scenario."""
+    marker = run_dir / MARKER
+    if not marker.is_file():
+        return False
+    return bool(json.loads(marker.read_text()).get("scenario") == scenario_hash(config.scenario))
+
+
+def mark_finished(config: Configuration, run_dir: Path) -> None:
+    record = {
+        "label": config.label,
+        "seed": config.seed,
+        "scenario": scenario_hash(config.scenario),
+    }
+    (run_dir / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+
+
+RunFn = Callable[[Scenario, Path, Console], None]
+
+
+def run_in_process(scenario: Scenario, run_dir: Path, console: Console) -> None:
+    """One run in this process (Ray starts and stops inside it)."""
+    from fedsim.engine.runner import run_scenario
+
+    run_scenario(scenario, run_dir, console)
+
+
+def run_in_subprocess(scenario: Scenario, run_dir: Path, console: Console) -> None:
+    """One run as ``fedsim run`` in its own process; its output goes to ``<run_dir>.log``."""
+    scenario_file = run_dir.with_suffix(".toml")
+    scenario_file.write_text(tomli_w.dumps(scenario_to_dict(scenario)))
+    command = [sys.executable, "-m", "fedsim.cli", "run", str(scenario_file), "--out", str(run_dir)]
+    with run_dir.with_suffix(".log").open("w") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    console.print(f"finished {run_dir} (log: {run_dir.with_suffix('.log')})")
+
+
+@dataclass
+class SweepOutcome:
+    """What a sweep did and where its outputs are."""
+
+    out: Path
+    ran: list[Configuration]
+    skipped: list[Configuration]
+    failed: dict[str, str]
+    results: pd.DataFrame
+    table: pd.DataFrame
+
+
+def run_sweep(
+    spec: CompareSpec,
+    configs: list[Configuration],
+    out: Path,
+    console: Console | None = None,
+    run: RunFn | None = None,
+) -> SweepOutcome:
+    """Run every unfinished configuration, then write the table, plot and report.
+
+    A run that raises is reported in ``failed`` and left out of the table;
+    the others go on.
+    """
+    console = console or Console(soft_wrap=True)
+    run = run or (run_in_process if spec.parallel == 1 else run_in_subprocess)
+    runs = out / RUNS_DIR
+    todo, skipped = [], []
+    for config in configs:
+        run_dir = runs / config.path
+        if is_finished(config, run_dir):
+            skipped.append(config)
+            continue
+        if run_dir.exists():  # interrupted, or run with another configuration
+            console.print(f"[yellow]starting {config.path} over[/yellow]")
+            shutil.rmtree(run_dir)
+        todo.append(config)
+    console.print(
+        f"[bold]fedsim compare[/bold] {spec.name}: {len(configs)} runs, "
+        f"{len(skipped)} already done, {len(todo)} to run -> {out}"
+    )
+    failed: dict[str, str] = {}
+
+    def one(config: Configuration) -> None:
+        run_dir = runs / config.path
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        console.print(f"[bold]{config.label}[/bold], seed {config.seed}")
+        try:
+            run(config.scenario, run_dir, console)
+        except Exception as err:  # one failed run should not cost the others
+            failed[str(config.path)] = f"{type(err).__name__}: {err}"
+            console.print(f"[red]{config.path} failed: {failed[str(config.path)]}[/red]")
+            return
+        mark_finished(config, run_dir)
+
+    if spec.parallel == 1:
+        for config in todo:
+            one(config)
+    else:
+        with ThreadPoolExecutor(spec.parallel) as pool:
+            list(pool.map(one, todo))
+    done = [c for c in configs if is_finished(c, runs / c.path)]
+    results = collect_results(done, runs, spec.accuracy)
+    table = summarise(results)
+    write_outputs(spec, results, table, failed, out)
+    ran = [c for c in todo if str(c.path) not in failed]
+    return SweepOutcome(out, ran, skipped, failed, results, table)
+
+
+def _finite_mean(values: pd.Series) -> float:
+    finite = values[np.isfinite(values.astype(float))]
+    return float(finite.mean()) if len(finite) else math.nan
+
+
+def run_results(config: Configuration, run_dir: Path, accuracy: str) -> list[dict[str, Any]]:
+    """One row per attack (one row if not audited) of a finished run."""
+    metrics = pd.read_csv(run_dir / METRICS_FILE)
+    last = metrics.iloc[-1]
+    source = accuracy
+    if accuracy == "auto":
+        source = "test-acc" if math.isfinite(float(last.get("test-acc", math.nan))) else ""
+        source = source or "client-eval-acc"
+    row: dict[str, Any] = {
+        "configuration": config.label,
+        "strategy": config.strategy,
+        "defence": config.defence,
+        "seed": config.seed,
+        "accuracy": float(last.get(source, math.nan)),
+        "accuracy-from": source,
+        "epsilon": float(last.get("dp-epsilon", math.nan)),
+        "rounds": len(metrics),
+        "seconds": float(metrics["seconds"].sum()),
+        "run": str(run_dir.relative_to(run_dir.parents[2])),  # relative to the sweep
+    }
+    audit_file = run_dir / AUDIT_FILE
+    if not audit_file.is_file():
+        return [{**row, "attack": "", "psnr": math.nan, "ssim": math.nan, "label-acc": math.nan}]
+    audit = pd.read_csv(audit_file)
+    return [
+        {
+            **row,
+            "attack": attack,
+            "threat-model": "/".join(sorted(set(group["threat-model"]))),
+            "audited": len(group),
+            "psnr": _finite_mean(group["psnr"]),
+            "ssim": float(group["ssim"].mean()),
+            "label-acc": float(group["label-acc"].mean()),
+        }
+        for attack, group in audit.groupby("attack", sort=False)
+    ]
+
+
+def collect_results(configs: list[Configuration], runs: Path, accuracy: str) -> pd.DataFrame:
+    """Every finished run's rows, in spec order."""
+    rows = [r for c in configs for r in run_results(c, runs / c.path, accuracy)]
+    return pd.DataFrame(rows)
+
+
+def summarise(results: pd.DataFrame) -> pd.DataFrame:
+    """Mean and (sample) std over seeds of each score, per configuration and attack."""
+    if results.empty:
+        return pd.DataFrame()
+    rows = []
+    for (label, attack), group in results.groupby(["configuration", "attack"], sort=False):
+        row: dict[str, Any] = {
+            "configuration": label,
+            "strategy": group["strategy"].iloc[0],
+            "defence": group["defence"].iloc[0],
+            "attack": attack,
+            "accuracy-from": "/".join(sorted(set(group["accuracy-from"]))),
+            "seeds": len(group),
+        }
+        for score in SCORES:
+            values = group[score].astype(float)
+            row[f"{score}-mean"] = _finite_mean(values)
+            finite = values[np.isfinite(values)]
+            row[f"{score}-std"] = float(finite.std(ddof=1)) if len(finite) > 1 else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _cell(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    text = f"{mean * scale:.{digits}f}"
+    return text if not math.isfinite(std) else f"{text} ± {std * scale:.{digits}f}"
+
+
+def table_markdown(table: pd.DataFrame) -> str:
+    """The summary table as markdown (accuracy in %, PSNR in dB)."""
+    with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
+    with_attack = table["attack"].nunique() > 1
+    head = ["configuration", *(["attack"] if with_attack else []), "accuracy (%)", "from"]
+    head += ["PSNR (dB)", "SSIM", "label acc. (%)", *(["epsilon"] if with_eps else []), "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in table.iterrows():
+        cells = [r["configuration"], *([r["attack"]] if with_attack else [])]
+        cells += [_cell(r["accuracy-mean"], r["accuracy-std"], 100), f"`{r['accuracy-from']}`"]
+        cells += [
+            _cell(r["psnr-mean"], r["psnr-std"]),
+            _cell(r["ssim-mean"], r["ssim-std"], digits=3),
+            _cell(r["label-acc-mean"], r["label-acc-std"], 100, digits=0),
+        ]
+        cells += [_cell(r["epsilon-mean"], r["epsilon-std"])] if with_eps else []
+        lines.append("| " + " | ".join(map(str, [*cells, r["seeds"]])) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_privacy_utility(table: pd.DataFrame, title: str, path: Path) -> None:
+    """Accuracy against audit PSNR, one point (mean, std bars) per configuration."""
+    figure = Figure(figsize=(7, 5))
+    ax = figure.subplots()
+    points = table[np.isfinite(table["psnr-mean"]) & np.isfinite(table["accuracy-mean"])]
+    markers = dict(zip(points["attack"].unique(), "osD^v<>", strict=False))
+    for _, r in points.iterrows():
+        label = r["configuration"] + (f" ({r['attack']})" if len(markers) > 1 else "")
+        ax.errorbar(
+            r["psnr-mean"],
+            100 * r["accuracy-mean"],
+            xerr=np.nan_to_num(r["psnr-std"]),
+            yerr=np.nan_to_num(100 * r["accuracy-std"]),
+            fmt=markers.get(r["attack"], "o"),
+            capsize=3,
+            label=label,
+        )
+        ax.annotate(
+            label,
+            (r["psnr-mean"], 100 * r["accuracy-mean"]),
+            fontsize=8,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    ax.set_xlabel("audit PSNR (dB, peak 1 on [0, 1]); lower = less leakage")
+    ax.set_ylabel("final accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if len(points):
+        ax.legend(fontsize=8, loc="best")
+    figure.savefig(path, dpi=150, bbox_inches="tight")
+
+
+def write_outputs(
+    spec: CompareSpec,
+    results: pd.DataFrame,
+    table: pd.DataFrame,
+    failed: Mapping[str, str],
+    out: Path,
+) -> None:
+    """``results.csv``, ``table.csv``, ``table.md``, the plot and ``report.md`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    results.to_csv(out / RESULTS_FILE, index=False)
+    table.to_csv(out / TABLE_CSV, index=False)
+    markdown = table_markdown(table) if not table.empty else "(no finished runs)\n"
+    (out / TABLE_MD).write_text(markdown)
+    if not table.empty:
+        plot_privacy_utility(table, spec.name, out / PLOT_FILE)
+    (out / REPORT_FILE).write_text(report_markdown(spec, results, markdown, failed))
+
+
+def report_markdown(
+    spec: CompareSpec, results: pd.DataFrame, table_md: str, failed: Mapping[str, str]
+) -> str:
+    """The sweep's report: setting, table, plot and the runs behind them."""
+    base = spec.base if isinstance(spec.base, str) else "inline [base] table"
+    threat = ", ".join(sorted(set(results.get("threat-model", pd.Series()).dropna()))) or "-"
+    lines = [
+        f"# {spec.name}",
+        "",
+        *([spec.description, ""] if spec.description else []),
+        f"Base scenario: {base}. Seeds: {', '.join(map(str, spec.seeds))}. "
+        f"Audit threat model: {threat}.",
+        "",
+        "## Privacy and utility",
+        "",
+        table_md,
+        "Mean ± sample std over seeds. Accuracy is the final round's; the `from` column says "
+        "which: `test-acc` is the global model on the held-out test set, `client-eval-acc` the "
+        "personalised evaluation (each client's own model, for FedSplit/FedCG its private "
+        "extractor with the shared classifier, on its local test split; mean over clients), "
+        "used where a strategy has no global model. PSNR = 10 log10(1 / MSE) on pixels in "
+        "[0, 1] (peak 1), SSIM with an 11-pixel Gaussian window, label accuracy the multiset "
+        "overlap; each is the mean over every audited (round, victim) of a run. Lower PSNR and "
+        "SSIM mean less leakage. epsilon (DP-SGD rows) is the final round's (delta as set).",
+        "",
+        f"![privacy-utility plot]({PLOT_FILE})",
+        "",
+        "## Runs",
+        "",
+        "| configuration | seed | attack | accuracy | PSNR (dB) | seconds | run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for _, r in results.iterrows():
+        lines.append(
+            f"| {r['configuration']} | {r['seed']} | {r['attack'] or '-'} | "
+            f"{100 * r['accuracy']:.2f} | {r['psnr']:.2f} | {r['seconds']:.0f} | "
+            f"[{r['run']}]({r['run']}/{SUMMARY_FILE}) |"
+        )
+    if failed:
+        lines += ["", "## Failed runs (left out above; rerun to retry)", ""]
+        lines += [f"- {path}: {error}" for path, error in failed.items()]
+    return "\n".join(lines) + "\n"

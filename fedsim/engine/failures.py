@@ -1,0 +1,136 @@
+"""Injected client failures, decided by the server from the seed, enacted by the client.
+
+Each round a fixed share of the sampled clients fails (``failures.fraction``
+of them, rounded half up), chosen from ``(seed, round)``: a repeated or
+resumed run fails the same clients. The server marks those clients' training
+messages (:func:`mark`); the client-side Flower mod :func:`inject_failures`
+acts on the mark:
+
+- ``raise``: the client raises instead of training; Flower turns that into an
+  error reply.
+- ``timeout``: the client stays silent until the server's reply deadline has
+  passed, then gives up; the server has stopped waiting and counts it failed.
+
+A marked client does no work and changes no state (a raising ClientApp's
+context is not written back), so a failure never leaves half-updated
+client-private state behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+
+from fedsim.core.config import FailureConfig, Scenario, ScenarioError
+
+FAILURE_KEY = "fedsim.failure"  # the mark: a ConfigRecord in the message content
+FAILURE_STREAM = 5  # seed stream (partitioning uses 1-2, sampling 3-4)
+_MARKER = "fedsim injected client failure"
+# A straggler replies this long after the deadline: later than the server's last poll.
+STRAGGLER_GRACE_S = 0.2
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by a client the server marked to fail."""
+
+
+class TooFewReplies(RuntimeError):
+    """A round got fewer training replies than its strategy accepts."""
+
+
+def required_replies(min_fraction: float, sampled: int) -> int:
+    """Training replies a round of ``sampled`` clients needs (at least one)."""
+    return max(1, math.ceil(min_fraction * sampled - 1e-9))
+
+
+def failing_count(fraction: float, sampled: int) -> int:
+    """How many of ``sampled`` clients an injected ``fraction`` fails (rounded half up)."""
+    return math.floor(fraction * sampled + 0.5)
+
+
+def check_failures(scenario: Scenario, strategy_min_replies: float) -> None:
+    """Reject injected failures that leave every round short of replies (before Ray)."""
+    cfg = scenario.failures
+    sampled = scenario.federation.sampled_per_round
+    min_fraction = cfg.min_replies or strategy_min_replies
+    needed = required_replies(min_fraction, sampled)
+    failing = failing_count(cfg.fraction, sampled)
+    if sampled - failing < needed:
+        raise ScenarioError(
+            "failures.fraction",
+            cfg.fraction,
+            f"fails {failing} of the {sampled} clients sampled per round, but the strategy "
+            f"needs {needed} replies (min-replies {min_fraction}); lower it or set "
+            "failures.min-replies",
+        )
+
+
+@dataclass(frozen=True)
+class FailurePlan:
+    """Which sampled partitions fail in a round, and how."""
+
+    seed: int
+    fraction: float
+    kind: str
+
+    @classmethod
+    def from_config(cls, cfg: FailureConfig, seed: int) -> FailurePlan | None:
+        """The plan for a scenario, or ``None`` when it injects nothing."""
+        return cls(seed, cfg.fraction, cfg.kind) if cfg.fraction > 0 else None
+
+    def failing(self, server_round: int, partitions: Sequence[int]) -> list[int]:
+        """The partitions among ``partitions`` that fail in ``server_round``."""
+        count = failing_count(self.fraction, len(partitions))
+        if count == 0:
+            return []
+        rng = np.random.default_rng([self.seed, FAILURE_STREAM, server_round])
+        return sorted(int(p) for p in rng.choice(sorted(partitions), count, replace=False))
+
+
+def mark(message: Message, kind: str, deadline: float) -> Message:
+    """A copy of ``message`` that tells its client to fail (``kind``) this round.
+
+    Strategies send one shared ``RecordDict`` to every client, so the mark goes
+    on a shallow copy. ``deadline`` (``time.time()``) is when the server stops
+    waiting for replies.
+    """
+    content = RecordDict(dict(message.content.items()))
+    content[FAILURE_KEY] = ConfigRecord({"kind": kind, "deadline": deadline})
+    return Message(
+        content=content,
+        dst_node_id=message.metadata.dst_node_id,
+        message_type=message.metadata.message_type,
+        group_id=message.metadata.group_id,
+    )
+
+
+def inject_failures(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower client mod: fail as the mark says, else run the handler."""
+    failure = msg.content.config_records.get(FAILURE_KEY)
+    if failure is None:
+        return call_next(msg, context)
+    if failure["kind"] == "timeout":
+        time.sleep(max(0.0, float(failure["deadline"]) - time.time()) + STRAGGLER_GRACE_S)  # type: ignore[arg-type]
+    raise InjectedFailure(f"{_MARKER} ({failure['kind']!s})")
+
+
+class HideInjectedFailures(logging.Filter):
+    """Drops Flower's error logs for injected failures: they are expected, and in ``clients.csv``.
+
+    Flower logs a client's exception and its traceback, each naming it, after
+    a generic line that names no client; that line is dropped for every error,
+    real client errors still show their own two.
+    """
+
+    GENERIC = "An exception was raised when processing a message by RayBackend"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return _MARKER not in message and message != self.GENERIC

@@ -1,0 +1,230 @@
+"""The round loop: a template that drives any Flower strategy.
+
+It runs the same phases as ``flwr``'s ``Strategy.start`` (configure_train,
+send, aggregate_train, configure_evaluate, send, aggregate_evaluate, global
+evaluation) but can start at any round (resume), waits for replies only until
+a deadline, injects failures, records which clients failed, and hands a
+:class:`RoundRecord` to callbacks after every round, so recording,
+checkpointing and auditing observe the loop instead of changing it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedsim.clients.app import PARTITION_KEY
+from fedsim.engine.failures import FailurePlan, mark
+
+POLL_S = 0.02  # between pulls for replies (Flower's own send_and_receive sleeps 0.1 s)
+
+
+@dataclass
+class RoundRecord:
+    """Everything one round produced, for callbacks.
+
+    ``failed`` maps each sampled client that did not deliver a training reply
+    (by partition id) to ``"error"`` (it raised) or ``"timeout"`` (no reply by
+    the deadline).
+    """
+
+    round: int
+    seconds: float
+    sampled: int
+    replies: int
+    failures: int
+    train: dict[str, float] = field(default_factory=dict)
+    evaluate: dict[str, float] = field(default_factory=dict)
+    server: dict[str, float] = field(default_factory=dict)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+class RoundCallback(Protocol):
+    """Observes the loop; called after each round with the new global model."""
+
+    def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None: ...
+
+
+class Exchange:
+    """Sends one phase's messages and collects the replies that arrive before a deadline.
+
+    Replies come back sorted by partition: aggregation sums floats in reply
+    order, and arrival order varies between runs. Clients the failure plan
+    picks get a marked message; stragglers' messages go out after the others
+    are answered, since a straggler holds its Ray actor until the deadline and
+    healthy clients queued behind it would time out too. Messages left
+    unanswered are pulled (and so deleted from Flower's store) later, because
+    the simulation scans its whole message store ten times a second.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        timeout: float,
+        partition_of: Mapping[int, int] | None = None,
+        failures: FailurePlan | None = None,
+    ) -> None:
+        self.grid = grid
+        self.timeout = timeout
+        self.partition_of = partition_of
+        self.failures = failures
+        self._abandoned: set[str] = set()
+
+    def client_id(self, node_id: int) -> int:
+        """Partition id of ``node_id`` (the node id itself when no mapping is known)."""
+        return self.partition_of[node_id] if self.partition_of is not None else node_id
+
+    def send_and_receive(
+        self, server_round: int, messages: list[Message], inject: bool = False
+    ) -> tuple[list[Message], dict[int, str]]:
+        """Replies (sorted by client) and the failed clients (id -> ``error``/``timeout``)."""
+        deadline = time.time() + self.timeout
+        self._forget_abandoned()
+        failing: set[int] = set()
+        if inject and self.failures is not None:
+            ids = [self.client_id(m.metadata.dst_node_id) for m in messages]
+            failing = set(self.failures.failing(server_round, ids))
+        plan_kind = self.failures.kind if self.failures is not None else "raise"
+        healthy = [m for m in messages if self.client_id(m.metadata.dst_node_id) not in failing]
+        marked = [
+            mark(m, plan_kind, deadline)
+            for m in messages
+            if self.client_id(m.metadata.dst_node_id) in failing
+        ]
+        first, later = (healthy, marked) if plan_kind == "timeout" else (healthy + marked, [])
+        replies = self._collect(first, deadline) + self._collect(later, deadline)
+        replies.sort(key=lambda r: self.client_id(r.metadata.src_node_id))
+        self._check_partitions(replies)
+        failed = {self.client_id(m.metadata.dst_node_id): "timeout" for m in messages}
+        for reply in replies:
+            client = self.client_id(reply.metadata.src_node_id)
+            if reply.has_error():
+                failed[client] = "error"
+            else:
+                del failed[client]
+        return replies, failed
+
+    def _collect(self, messages: list[Message], deadline: float) -> list[Message]:
+        if not messages:
+            return []
+        if not hasattr(self.grid, "push_messages"):  # a minimal grid (in-process tests)
+            return list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        pending = set(self.grid.push_messages(messages))
+        replies: list[Message] = []
+        while pending and time.time() < deadline:
+            got = list(self.grid.pull_messages(pending))
+            replies.extend(got)
+            pending.difference_update(r.metadata.reply_to_message_id for r in got)
+            if pending:
+                time.sleep(POLL_S)
+        self._abandoned |= pending
+        return replies
+
+    def _forget_abandoned(self) -> None:
+        if self._abandoned:
+            got = self.grid.pull_messages(self._abandoned)
+            self._abandoned.difference_update(r.metadata.reply_to_message_id for r in got)
+
+    def _check_partitions(self, replies: list[Message]) -> None:
+        # The node -> partition map may come from Flower internals (see
+        # fedsim.strategies.sampling); every reply names its partition, so check it.
+        if self.partition_of is None:
+            return
+        for reply in replies:
+            if reply.has_error() or "metrics" not in reply.content.metric_records:
+                continue
+            claimed = reply.content.metric_records["metrics"].get(PARTITION_KEY)
+            expected = self.partition_of[reply.metadata.src_node_id]
+            if claimed is not None and claimed != expected:
+                raise RuntimeError(
+                    f"node {reply.metadata.src_node_id} replied as partition {claimed}, "
+                    f"but the server mapped it to partition {expected}"
+                )
+
+
+def _client_rows(
+    server_round: int,
+    phase: str,
+    replies: Iterable[Message],
+    failed: Mapping[int, str],
+    id_key: str,
+) -> list[dict[str, Any]]:
+    rows = [
+        {"round": server_round, "phase": phase, **dict(reply.content["metrics"])}
+        for reply in replies
+        if not reply.has_error() and "metrics" in reply.content.metric_records
+    ]
+    rows += [
+        {"round": server_round, "phase": phase, id_key: client, "failure": kind}
+        for client, kind in failed.items()
+    ]
+    return sorted(rows, key=lambda row: row.get(id_key, -1))
+
+
+def _scalars(metrics: MetricRecord | None) -> dict[str, float]:
+    if metrics is None:
+        return {}
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+
+
+def run_rounds(
+    strategy: Strategy,
+    grid: Grid,
+    arrays: ArrayRecord,
+    rounds: Sequence[int],
+    train_config: dict[str, Any],
+    evaluate_config: dict[str, Any],
+    callbacks: Sequence[RoundCallback] = (),
+    timeout: float = 3600.0,
+    partition_of: Mapping[int, int] | None = None,
+    failures: FailurePlan | None = None,
+) -> ArrayRecord:
+    """Run ``rounds`` of federated training; return the final global model.
+
+    ``timeout`` bounds each phase's wait for replies; ``partition_of`` (node id
+    -> partition id) orders replies and names failed clients; ``failures``
+    injects client failures into training.
+    """
+    evaluate_global = getattr(strategy, "evaluate_global", None)
+    exchange = Exchange(grid, timeout, partition_of, failures)
+    id_key = PARTITION_KEY if partition_of is not None else "node-id"
+    for server_round in rounds:
+        started = time.perf_counter()
+        train_messages = list(
+            strategy.configure_train(server_round, arrays, ConfigRecord(train_config), grid)
+        )
+        train_replies, failed = exchange.send_and_receive(server_round, train_messages, True)
+        new_arrays, train_metrics = strategy.aggregate_train(server_round, train_replies)
+        if new_arrays is not None:
+            arrays = new_arrays
+
+        eval_messages = list(
+            strategy.configure_evaluate(server_round, arrays, ConfigRecord(evaluate_config), grid)
+        )
+        eval_replies, eval_failed = exchange.send_and_receive(server_round, eval_messages)
+        eval_metrics = strategy.aggregate_evaluate(server_round, eval_replies)
+        server_metrics = evaluate_global(server_round, arrays) if evaluate_global else None
+
+        record = RoundRecord(
+            round=server_round,
+            seconds=time.perf_counter() - started,
+            sampled=len(train_messages),
+            replies=len(train_messages) - len(failed),
+            failures=len(failed),
+            train=_scalars(train_metrics),
+            evaluate=_scalars(eval_metrics),
+            server=dict(server_metrics or {}),
+            clients=_client_rows(server_round, "train", train_replies, failed, id_key)
+            + _client_rows(server_round, "evaluate", eval_replies, eval_failed, id_key),
+            failed=failed,
+        )
+        for callback in callbacks:
+            callback.on_round_end(record, arrays)
+    return arrays

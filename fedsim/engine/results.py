@@ -1,0 +1,168 @@
+"""The run directory: resolved scenario, per-round metrics, final model, summary.
+
+Rows are written as each round ends (the CSV is rewritten atomically), so an
+interrupted run keeps every finished round; ``checkpoint/`` holds what a
+resumed run needs (:mod:`fedsim.engine.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+import tomli_w
+import torch
+from flwr.app import ArrayRecord
+from rich.console import Console
+
+from fedsim.core.config import Scenario, scenario_to_dict
+from fedsim.engine.loop import RoundRecord
+
+METRICS_FILE = "metrics.csv"
+CLIENTS_FILE = "clients.csv"
+SCENARIO_FILE = "scenario.toml"
+MODEL_FILE = "model.pt"
+SUMMARY_FILE = "summary.md"
+CLIENT_STATE_DIR = "client_state"  # client-private files; never read by the server
+CHECKPOINT_DIR = "checkpoint"
+
+
+def write_csv_atomic(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write ``rows`` to ``path`` via a temporary file and a rename."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    pd.DataFrame(rows).to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def new_run_dir(scenario: Scenario, out: str | Path | None) -> Path:
+    """``out`` if given, else ``<output.dir>/<name>-<timestamp>``; created empty."""
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(scenario.output.dir) / f"{scenario.name}-{stamp}"
+        suffix = 1
+        while path.exists():
+            path = Path(scenario.output.dir) / f"{scenario.name}-{stamp}-{suffix}"
+            suffix += 1
+    else:
+        path = Path(out)
+        if (path / SCENARIO_FILE).is_file():
+            # A fresh run in an old run's folder: stale client-private state or a
+            # stale checkpoint would leak into it or into a later --resume.
+            for stale in (CHECKPOINT_DIR, CLIENT_STATE_DIR):
+                shutil.rmtree(path / stale, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_scenario(scenario: Scenario, run_dir: Path) -> None:
+    (run_dir / SCENARIO_FILE).write_text(tomli_w.dumps(scenario_to_dict(scenario)))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4f}"
+    return str(value)
+
+
+@dataclass
+class RunRecorder:
+    """Round callback writing ``metrics.csv`` / ``clients.csv`` and printing progress.
+
+    ``clients.csv`` has a row per client and phase; a client that failed has
+    its ``failure`` (``error`` or ``timeout``) and no metrics.
+    """
+
+    run_dir: Path
+    total_rounds: int
+    console: Console = field(default_factory=lambda: Console(soft_wrap=True))
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    client_rows: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_key: ClassVar[str] = "recorder"
+
+    def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
+        row: dict[str, Any] = {
+            "round": record.round,
+            "train-loss": record.train.get("train-loss", math.nan),
+            "test-acc": record.server.get("test-acc", math.nan),
+            "test-loss": record.server.get("test-loss", math.nan),
+            "client-eval-acc": record.evaluate.get("eval-acc", math.nan),
+            "client-eval-loss": record.evaluate.get("eval-loss", math.nan),
+            "clients-sampled": record.sampled,
+            "clients-trained": record.replies,
+            "failures": record.failures,
+            "seconds": record.seconds,
+        }
+        # Strategy-specific metrics get their own columns (client ones prefixed).
+        extra = {**record.train, **{f"client-{k}": v for k, v in record.evaluate.items()}}
+        for key, value in {**extra, **record.server}.items():
+            row.setdefault(key, value)
+        self.rows.append(row)
+        self.client_rows.extend(record.clients)
+        self._write()
+        shown = ("train-loss", "test-acc", "client-eval-acc")
+        parts = "  ".join(f"{k} {_fmt(row[k])}" for k in shown)
+        failed = ", ".join(f"#{client} {kind}" for client, kind in record.failed.items())
+        self.console.print(
+            f"[bold]round {record.round}/{self.total_rounds}[/bold]  {parts}  "
+            f"clients {record.replies}/{record.sampled}  {record.seconds:.1f}s"
+            + (f"  failed: {failed}" if failed else "")
+        )
+
+    def _write(self) -> None:
+        write_csv_atomic(self.rows, self.run_dir / METRICS_FILE)
+        write_csv_atomic(self.client_rows, self.run_dir / CLIENTS_FILE)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rows so far (the checkpoint keeps them, see :mod:`fedsim.engine.checkpoint`)."""
+        return {"rows": self.rows, "client_rows": self.client_rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from checkpointed rows; the CSVs drop rows of unfinished rounds."""
+        self.rows, self.client_rows = list(state["rows"]), list(state["client_rows"])
+        self._write()
+
+
+def save_model(arrays: ArrayRecord, run_dir: Path) -> None:
+    torch.save(arrays.to_torch_state_dict(), run_dir / MODEL_FILE)
+
+
+def accuracy_line(last: dict[str, Any], best: float) -> str:
+    """Final accuracies; strategies without a global model report only their clients'."""
+    client = f"final client-eval accuracy: {_fmt(last.get('client-eval-acc', math.nan))}"
+    test = last.get("test-acc", math.nan)
+    if math.isnan(test):
+        return f"- no global model to test (personalised evaluation); {client}"
+    return f"- final test accuracy: {_fmt(test)} (best {_fmt(best)}); {client}"
+
+
+def write_summary(scenario: Scenario, rows: list[dict[str, Any]], run_dir: Path) -> str:
+    """A short markdown summary of the run (also returned for printing)."""
+    last = rows[-1] if rows else {}
+    best = max((r.get("test-acc", math.nan) for r in rows), default=math.nan)
+    total = sum(r.get("seconds", 0.0) for r in rows)
+    lines = [
+        f"# {scenario.name}",
+        "",
+        scenario.description or "",
+        "",
+        f"- strategy: {scenario.strategy.name}; model: {scenario.model.name} "
+        f"({scenario.model.init}); dataset: {scenario.data.dataset} "
+        f"({scenario.data.partitioner.name})",
+        f"- clients: {scenario.federation.num_clients}, "
+        f"{scenario.federation.sampled_per_round} per round; rounds: {len(rows)}",
+        accuracy_line(last, best),
+        f"- wall time in rounds: {total:.1f}s",
+    ]
+    failures = [r for r in rows if r.get("failures", 0)]
+    if failures:
+        count = sum(int(r["failures"]) for r in failures)
+        lines.append(f"- client failures: {count} in {len(failures)} of {len(rows)} rounds")
+    text = "\n".join(lines) + "\n"
+    (run_dir / SUMMARY_FILE).write_text(text)
+    return text

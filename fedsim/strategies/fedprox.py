@@ -1,0 +1,44 @@
+"""FedProx (Li et al. 2020): FedAvg whose clients add a proximal term.
+
+The server side is FedAvg plus one public train-config entry,
+``proximal-mu``; the client (:mod:`fedsim.clients.fedprox`) adds
+``(mu / 2) * ||w - w_global||^2`` to its loss. ``mu = 0`` is FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from fedsim.clients.fedprox import MU_KEY
+from fedsim.core.config import require
+from fedsim.strategies import STRATEGIES
+from fedsim.strategies.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class FedProxParams:
+    """``mu``: weight of the proximal term (the FedCG paper tries 0.001 to 1)."""
+
+    mu: float = 0.01
+
+    def __post_init__(self) -> None:
+        require(self.mu >= 0, "mu", self.mu, "must be >= 0")
+
+
+@STRATEGIES.register("fedprox")
+class FedProx(FedAvg):
+    """FedAvg that sends ``proximal-mu`` to its clients."""
+
+    Params: ClassVar[type] = FedProxParams
+    client_routine: ClassVar[str] = "fedprox"
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        config[MU_KEY] = self.params.mu
+        return super().configure_train(server_round, arrays, config, grid)

@@ -1,0 +1,49 @@
+"""FedSplit as the FedCG paper's baseline (Gu et al. 2021), not operator splitting.
+
+Clients share only their classifier: the global model is ``classifier.*``
+alone, averaged by example count exactly as FedAvg averages whole models;
+each client's extractor stays on the client (:mod:`fedsim.clients.fedsplit`).
+Evaluation is personalised (each client's own extractor with the shared
+classifier on its local test split: the ``client-eval-*`` columns and the
+per-client rows of ``clients.csv``). There is no global model to test on the
+held-out set, so :meth:`FedSplit.evaluate_global` reports nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from flwr.app import ArrayRecord
+
+from fedsim.clients.fedsplit import FedSplitClient
+from fedsim.clients.private_state import keep_prefixed
+from fedsim.core.models import SplitNet
+from fedsim.strategies import STRATEGIES
+from fedsim.strategies.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class FedSplitParams:
+    """FedSplit has no hyper-parameters beyond the scenario's client config."""
+
+
+@STRATEGIES.register("fedsplit")
+class FedSplit(FedAvg):
+    """FedAvg over the shared part of the network only."""
+
+    Params: ClassVar[type] = FedSplitParams
+    client_routine: ClassVar[str] = "fedsplit"
+    shared_prefixes: ClassVar[tuple[str, ...]] = FedSplitClient.shared_prefixes
+
+    def network(self, arrays: ArrayRecord | None = None) -> SplitNet:
+        """The seeded network on the server, loaded with ``arrays`` (may be partial)."""
+        return self.server.model(arrays)
+
+    def initial_arrays(self) -> ArrayRecord:
+        """The round-0 shared parameters of the seeded network."""
+        return ArrayRecord(keep_prefixed(self.network().state_dict(), self.shared_prefixes))
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
+        """None: without a client's private extractor there is no model to test."""
+        return None

@@ -1,9 +1,0 @@
-"""Server-side strategies (Flower ``Strategy`` subclasses), found by name."""
-
-from __future__ import annotations
-
-from typing import Any
-
-from fedsim.registry import Registry
-
-STRATEGIES: Registry[Any] = Registry("strategy", ("strategies",))
