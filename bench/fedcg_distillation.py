@@ -20,10 +20,9 @@ from pathlib import Path
 
 import torch
 
-from fedsim.core.config import ComponentConfig, ModelConfig
+from fedsim.core.config import ComponentConfig, ModelConfig, component_params
 from fedsim.core.gan import build_gan_split_net
 from fedsim.core.models import InputSpec
-from fedsim.engine.validate import component_params
 from fedsim.strategies.distillation import Teacher, distill
 from fedsim.strategies.fedcg import FedCG, FedCGParams
 

@@ -21,14 +21,14 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedsim.clients.app import PARTITION_KEY, build_client_app
+from fedsim.clients.app import build_client_app
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.private_state import STATE_KEY
-from fedsim.core.config import Scenario
+from fedsim.core import protocol
+from fedsim.core.config import Scenario, component_params
 from fedsim.core.data import load_dataset
 from fedsim.core.training import client_config_record
 from fedsim.engine.loop import RoundRecord, run_rounds
-from fedsim.engine.validate import component_params
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -45,7 +45,7 @@ class InProcessGrid:
             NODE_OFFSET + p: Context(
                 run_id=1,
                 node_id=NODE_OFFSET + p,
-                node_config={PARTITION_KEY: p, "num-partitions": num_nodes},
+                node_config={protocol.PARTITION_ID: p, "num-partitions": num_nodes},
                 state=RecordDict(),
                 run_config={},
             )

@@ -13,6 +13,7 @@ import tomli_w
 
 from fedsim.cli import main
 from fedsim.core.config import ScenarioError, apply_overrides, load_scenario, scenario_from_dict
+from fedsim.engine.validate import check_components, validate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +56,7 @@ def test_bad_input_names_key_value_and_allowed(
             pytest.skip("this machine has a GPU")
 
     with pytest.raises(ScenarioError) as info:
-        scenario_from_dict(raw)
+        validate(scenario_from_dict(raw))
 
     assert info.value.key == key
     assert fragment in str(info.value)
@@ -73,7 +74,7 @@ def test_dataset_root_without_data(quick_scenario_table: dict[str, Any], tmp_pat
     raw = _with(raw, "data.root", f'"{tmp_path}"')
 
     with pytest.raises(ScenarioError) as info:
-        scenario_from_dict(raw)
+        validate(scenario_from_dict(raw))
 
     assert info.value.key == "data.root"
     assert "holds no fashion-mnist data" in str(info.value)
@@ -93,14 +94,25 @@ def test_overrides_parse_toml_values(quick_scenario_table: dict[str, Any]) -> No
     assert scenario.name == "other"
 
 
-def test_shipped_scenarios_load() -> None:
+def test_shipped_scenarios_validate_without_data_or_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Parsing and component checks need neither datasets nor hardware: every
+    # loader and the CUDA probe fail if anything reaches them.
+    import torch
+
+    from fedsim.core import data
     from fedsim.engine.compare import configurations, load_spec
 
+    def untouchable(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("validation reached the machine")
+
+    monkeypatch.setattr(data, "_load_cached", untouchable)
+    monkeypatch.setattr(torch.cuda, "is_available", untouchable)
     for path in sorted((REPO / "scenarios").glob("*.toml")):
         if path.name.startswith("compare-"):  # a fedsim compare spec: every run validates
             assert configurations(*load_spec(path))
             continue
         scenario = load_scenario(path)
+        check_components(scenario)
         assert scenario.name
 
 

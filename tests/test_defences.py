@@ -13,7 +13,6 @@ from inprocess import InProcessRun, run_inprocess, tiny_table
 
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import (
-    EPSILON_METRIC,
     ClipParams,
     DPSGDParams,
     GaussianNoise,
@@ -22,9 +21,11 @@ from fedsim.clients.defences import (
     global_norm,
     protect_upload,
 )
+from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
 from fedsim.core.training import client_config_record
 from fedsim.engine.audit.oracle import GroundTruthOracle
+from fedsim.engine.validate import validate
 
 
 def _scenario(defences: list[dict[str, Any]], strategy: str = "fedavg", **tables: Any) -> Scenario:
@@ -36,7 +37,7 @@ def _scenario(defences: list[dict[str, Any]], strategy: str = "fedavg", **tables
     for name, values in tables.items():
         small[name] = {**small.get(name, {}), **values}
     table = tiny_table({"name": strategy}, **small)
-    return scenario_from_dict({**table, "defences": defences})
+    return validate(scenario_from_dict({**table, "defences": defences}))
 
 
 Tensors = dict[str, torch.Tensor]
@@ -153,7 +154,7 @@ def test_dp_sgd_reports_an_epsilon_that_grows_with_rounds() -> None:
     run = run_inprocess(scenario)
 
     replies = [r.content.metric_records["metrics"] for r in run.grid.replies("train")]
-    eps = [cast(float, m[EPSILON_METRIC]) for m in replies if m["partition-id"] == 0]
+    eps = [cast(float, m[protocol.DP_EPSILON]) for m in replies if m["partition-id"] == 0]
     assert len(eps) == 3 and eps[0] > 0 and eps[0] < eps[1] < eps[2]
     # Opacus's own accountant after 3 rounds of 3 steps at q = batch / examples.
     reference = RDPAccountant()
@@ -161,7 +162,7 @@ def test_dp_sgd_reports_an_epsilon_that_grows_with_rounds() -> None:
     for _ in range(9):
         reference.step(noise_multiplier=1.1, sample_rate=16 / train_size)
     assert eps[2] == pytest.approx(reference.get_epsilon(params.delta), rel=1e-9)
-    assert [r.train[EPSILON_METRIC] for r in run.records] == pytest.approx(eps)
+    assert [r.train[protocol.DP_EPSILON] for r in run.records] == pytest.approx(eps)
 
 
 def test_dp_sgd_clips_per_example_gradients() -> None:

@@ -22,10 +22,10 @@ from flwr.app import (
 from rich.console import Console
 from test_resume import TINY, reference_run
 
+from fedsim.core import protocol
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
 from fedsim.engine.failures import (
-    FAILURE_KEY,
     STRAGGLER_GRACE_S,
     FailurePlan,
     InjectedFailure,
@@ -143,7 +143,7 @@ def test_the_client_mod_fails_marked_messages_only() -> None:
         inject_failures(mark(plain, "timeout", deadline), context, handler)
     assert time.time() >= deadline + STRAGGLER_GRACE_S  # silent past the server's deadline
     assert handled == [plain]
-    assert FAILURE_KEY not in plain.content.config_records  # the shared content is untouched
+    assert protocol.FAILURE not in plain.content.config_records  # the shared content is untouched
 
 
 class FakeGrid:
@@ -165,7 +165,7 @@ class FakeGrid:
             partition = message.metadata.dst_node_id - NODE
             batch.append(partition)
             ids.append(message.metadata.message_id)
-            failure = message.content.config_records.get(FAILURE_KEY)
+            failure = message.content.config_records.get(protocol.FAILURE)
             if failure is not None and failure["kind"] == "raise":
                 reply = Message(Error(code=0, reason="injected"), reply_to=message)
             else:

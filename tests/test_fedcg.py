@@ -11,13 +11,15 @@ import pytest
 import torch
 from inprocess import InProcessRun, run_inprocess, tiny_table
 
-from fedsim.clients.fedcg import GAMMA_KEY, FedCGClient
+from fedsim.clients.fedcg import FedCGClient
 from fedsim.clients.private_state import state_file
+from fedsim.core import protocol
 from fedsim.core.config import ModelConfig, ScenarioError, scenario_from_dict
 from fedsim.core.gan import build_gan_split_net, build_generator
 from fedsim.core.models import InputSpec
 from fedsim.engine.results import CLIENT_STATE_DIR, METRICS_FILE
 from fedsim.engine.runner import run_scenario
+from fedsim.engine.validate import check_components
 from fedsim.strategies.distillation import Teacher, distill, sample_codes, teacher_student_kl
 from fedsim.strategies.fedcg import gamma_schedule
 
@@ -68,7 +70,7 @@ def test_gamma_follows_its_schedule(fedcg_run: InProcessRun) -> None:
     assert gamma_schedule(ramp + 1, ramp) == pytest.approx(1.0, abs=1e-4)
     assert values[ramp:] == [values[ramp]] * (ramp - 1)
     sent = {
-        int(m.content["config"]["server-round"]): m.content["config"][GAMMA_KEY]
+        int(m.content["config"]["server-round"]): m.content["config"][protocol.FEDCG_GAMMA]
         for m in fedcg_run.grid.sent
         if m.metadata.message_type == "train"
     }
@@ -140,7 +142,7 @@ def test_fedcg_rejects_models_without_square_feature_maps() -> None:
     table = tiny_table({"name": "fedcg"}, model={"name": "resnet18"})
 
     with pytest.raises(ScenarioError) as err:
-        scenario_from_dict(table)
+        check_components(scenario_from_dict(table))
 
     assert err.value.key == "model.name"
 

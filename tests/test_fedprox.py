@@ -9,7 +9,8 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from inprocess import run_inprocess, tiny_table
 
 from fedsim.clients.base import ClientEnv
-from fedsim.clients.fedprox import MU_KEY, FedProxClient
+from fedsim.clients.fedprox import FedProxClient
+from fedsim.core import protocol
 from fedsim.core.config import Scenario, scenario_from_dict
 from fedsim.core.training import client_config_record
 
@@ -29,13 +30,13 @@ def test_mu_zero_gives_fedavg_exactly() -> None:
         )
     assert [r.train for r in fedavg.records] == [r.train for r in fedprox.records]
     sent = [m.content["config"] for m in fedprox.grid.sent if m.metadata.message_type == "train"]
-    assert sent and all(config[MU_KEY] == 0.0 for config in sent)
+    assert sent and all(config[protocol.PROXIMAL_MU] == 0.0 for config in sent)
 
 
 def _distance_from_global(env: ClientEnv, mu: float) -> float:
     global_model = env.model()
     config = ConfigRecord(
-        {**client_config_record(env.scenario.client), "server-round": 1, MU_KEY: mu}
+        {**client_config_record(env.scenario.client), "server-round": 1, protocol.PROXIMAL_MU: mu}
     )
     reply, _ = FedProxClient().train(env, ArrayRecord(global_model.state_dict()), config)
     trained = reply.to_torch_state_dict()

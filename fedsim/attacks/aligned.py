@@ -29,6 +29,7 @@ from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.matching import _Group
 from fedsim.core.config import require
 from fedsim.core.gan import NOISE_DIM, build_generator
+from fedsim.core.seeds import SeedStream, derive_seed
 
 GENERATOR_PREFIX = "generator."
 EXTRACTOR_PREFIX = "extractor."
@@ -80,10 +81,12 @@ class AlignedDLG(DLG):
                 "aligned-dlg needs the client's generator (FedCG uploads 'generator.*'); "
                 f"this observation from strategy {observation.strategy!r} has none"
             )
-        generator = build_generator(observation.model, observation.input_spec, seed)
+        # Every generator weight is then loaded: the build seed does not matter.
+        model_seed = derive_seed(SeedStream.ATTACK_MODEL, seed)
+        generator = build_generator(observation.model, observation.input_spec, model_seed)
         generator.load_state_dict(state)
         generator.to(self.device).eval()
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(derive_seed(SeedStream.ATTACK_CODES, seed))
         classes = labels.repeat_interleave(-(-self.params.codes // len(labels)))
         z = torch.randn(len(classes), NOISE_DIM, generator=gen).to(self.device)
         with torch.no_grad():

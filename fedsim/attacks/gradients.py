@@ -13,6 +13,7 @@ from torch.func import functional_call
 
 from fedsim.attacks.base import Observation
 from fedsim.core.models import SplitNet, build_model
+from fedsim.core.seeds import SeedStream, derive_seed
 
 
 def victim_model(
@@ -23,7 +24,8 @@ def victim_model(
     Parameters the server never saw (a FedSplit extractor) keep a random
     initialisation from ``seed``: the attacker's estimate E~.
     """
-    model = build_model(observation.model, observation.input_spec, seed=seed).to(device)
+    model_seed = derive_seed(SeedStream.ATTACK_MODEL, seed)
+    model = build_model(observation.model, observation.input_spec, seed=model_seed).to(device)
     model.eval()
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
     for name, value in observation.global_params.items():

@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,6 +42,7 @@ from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.core.config import require
 from fedsim.core.data import Normalization
 from fedsim.core.models import SplitNet
+from fedsim.core.seeds import SeedStream, derive_seed
 
 WassersteinReading = Literal["l2", "sorted"]
 
@@ -308,7 +308,7 @@ class GRNN(Attack):
         # Restart r draws from its own seed (as the matching attacks do), on the
         # CPU from a forked RNG: the same start on any device, and the caller's
         # RNG untouched.
-        state = int(np.random.SeedSequence([seed, restart]).generate_state(1)[0])
+        state = derive_seed(SeedStream.ATTACK_RESTART, seed, restart)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(state)
             generator = GrnnGenerator(

@@ -39,6 +39,7 @@ from fedsim.attacks.base import Observation
 from fedsim.attacks.gradients import target_gradient, victim_model
 from fedsim.core.config import ModelConfig
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.seeds import SeedStream, derive_seed
 
 DUMMY_INPUTS = 64
 """Dummy images used to estimate the victim's mean softmax output."""
@@ -47,7 +48,7 @@ DUMMY_INPUTS = 64
 @functools.lru_cache(maxsize=32)
 def _last_linear(model: ModelConfig, spec: InputSpec) -> tuple[str, bool]:
     """Name prefix of the classifier's last ``nn.Linear`` and whether it has a bias."""
-    net = build_model(model, spec, seed=0)
+    net = build_model(model, spec, seed=derive_seed(SeedStream.LABEL_DUMMIES))
     name, layer = [(n, m) for n, m in net.named_modules() if isinstance(m, nn.Linear)][-1]
     return name, layer.bias is not None
 
@@ -81,7 +82,7 @@ def mean_softmax_estimate(observation: Observation, device: torch.device) -> tor
     """The model's mean softmax on dummy inputs uniform over the data range, ``(K,)``."""
     model, params = victim_model(observation, device)
     spec = observation.input_spec
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(derive_seed(SeedStream.LABEL_DUMMIES))
     pixels = torch.rand(
         DUMMY_INPUTS, spec.channels, spec.image_size, spec.image_size, generator=gen
     )

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
@@ -38,6 +37,7 @@ from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
 from fedsim.core.config import require
 from fedsim.core.models import SplitNet
+from fedsim.core.seeds import SeedStream, derive_seed
 
 OptimizerName = Literal["lbfgs", "adamw"]
 DEFAULT_LR: dict[str, float] = {"lbfgs": 1.0, "adamw": 1e-3}
@@ -311,7 +311,7 @@ class GradientMatchingAttack(Attack):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Dummy rows ``(V * R, D)`` and the per-coordinate data range ``(D,)``.
 
-        Restart ``r`` draws from its own generator seeded by ``(seed, r)``, so
+        Restart ``r`` draws from its own stream ``(seed, r)``, so
         every victim's restart ``r`` starts alike whatever else is batched.
         """
         p, spec, norm = self.params, observation.input_spec, observation.normalization
@@ -320,8 +320,7 @@ class GradientMatchingAttack(Attack):
         low, high = norm.to_model(0 * ones).expand(shape), norm.to_model(ones).expand(shape)
         rows = []
         for r in range(p.restarts):
-            state = np.random.SeedSequence([seed, r]).generate_state(1)[0]
-            gen = torch.Generator().manual_seed(int(state))
+            gen = torch.Generator().manual_seed(derive_seed(SeedStream.ATTACK_RESTART, seed, r))
             if p.dummy_init == "normal":
                 x = torch.randn(shape, generator=gen)
             elif p.dummy_init == "uniform":

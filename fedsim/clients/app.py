@@ -10,10 +10,9 @@ from flwr.clientapp import ClientApp
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import train_defended
+from fedsim.core import protocol
 from fedsim.core.config import Scenario
 from fedsim.engine.failures import inject_failures
-
-PARTITION_KEY = "partition-id"
 
 
 def build_client_app(
@@ -29,25 +28,28 @@ def build_client_app(
     routine = CLIENT_ROUTINES.get(routine_name)()
 
     def env_of(context: Context) -> ClientEnv:
-        partition = int(context.node_config[PARTITION_KEY])
+        partition = int(context.node_config[protocol.PARTITION_ID])
         return ClientEnv.create(scenario, partition, context.state, state_dir)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         env = env_of(context)
         # The scenario's defences act inside the client, before the reply leaves it.
-        sent, config = msg.content.array_records["arrays"], msg.content.config_records["config"]
+        sent, config = (
+            msg.content.array_records[protocol.ARRAYS],
+            msg.content.config_records[protocol.CONFIG],
+        )
         arrays, metrics = train_defended(routine, env, sent, config)
-        metrics[PARTITION_KEY] = env.partition_id
-        content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
+        metrics[protocol.PARTITION_ID] = env.partition_id
+        content = RecordDict({protocol.ARRAYS: arrays, protocol.METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         env = env_of(context)
-        metrics = routine.evaluate(env, msg.content["arrays"], msg.content["config"])
-        metrics[PARTITION_KEY] = env.partition_id
-        return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+        metrics = routine.evaluate(env, msg.content[protocol.ARRAYS], msg.content[protocol.CONFIG])
+        metrics[protocol.PARTITION_ID] = env.partition_id
+        return Message(content=RecordDict({protocol.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
@@ -57,7 +59,7 @@ def build_client_app(
         import torch._dynamo  # noqa: F401
 
         env = env_of(context)
-        metrics = MetricRecord({PARTITION_KEY: env.partition_id})
-        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+        metrics = MetricRecord({protocol.PARTITION_ID: env.partition_id})
+        return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
 
     return app

@@ -9,15 +9,16 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from fedsim.core import protocol
 from fedsim.core.config import Scenario
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.partition import ClientSplit, partition_dataset
+from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import (
     LossFn,
     client_config_from_record,
     cross_entropy_loss,
-    derive_seed,
     evaluate,
     pick_device,
     train_local,
@@ -74,11 +75,20 @@ class ClientEnv:
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """A zoo model on this client's device, loaded with ``arrays`` (may be partial)."""
         state = None if arrays is None else arrays.to_torch_state_dict()
-        seed = self.scenario.federation.seed
+        seed = derive_seed(SeedStream.MODEL_INIT, self.scenario.federation.seed)
         return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
     def seed(self, server_round: int) -> int:
-        return derive_seed(self.scenario.federation.seed, server_round, self.partition_id)
+        """This client's training seed in ``server_round`` (batch order, dropout, ...)."""
+        return derive_seed(
+            SeedStream.CLIENT_TRAIN, self.scenario.federation.seed, server_round, self.partition_id
+        )
+
+    def private_seed(self) -> int:
+        """Seed of this client's private parameters' initialisation: differs between clients."""
+        return derive_seed(
+            SeedStream.PRIVATE_INIT, self.scenario.federation.seed, self.partition_id
+        )
 
 
 class ClientRoutine:
@@ -91,7 +101,7 @@ class ClientRoutine:
         model = self.build(env, arrays)
         images, labels = env.train_data
         cfg = client_config_from_record(config)
-        server_round = int(config["server-round"])  # type: ignore[arg-type]
+        server_round = int(config[protocol.SERVER_ROUND])  # type: ignore[arg-type]
         stats = train_local(
             model,
             images,
@@ -101,7 +111,7 @@ class ClientRoutine:
             loss_fn=self.loss(model, config),
         )
         reply = self.reply_arrays(env, model, server_round)
-        return reply, {"train-loss": stats.mean_loss, "num-examples": stats.examples}
+        return reply, {protocol.TRAIN_LOSS: stats.mean_loss, protocol.NUM_EXAMPLES: stats.examples}
 
     def build(self, env: ClientEnv, arrays: ArrayRecord) -> SplitNet:
         """The network to train or evaluate, loaded with the received ``arrays``."""
@@ -124,4 +134,8 @@ class ClientRoutine:
         model = self.build(env, arrays)
         images, labels = env.test_data
         loss, acc = evaluate(model, images, labels)
-        return {"eval-loss": loss, "eval-acc": acc, "num-examples": len(labels)}
+        return {
+            protocol.EVAL_LOSS: loss,
+            protocol.EVAL_ACC: acc,
+            protocol.NUM_EXAMPLES: len(labels),
+        }

@@ -56,11 +56,19 @@ from flwr.app import ArrayRecord, ConfigRecord
 from torch import nn
 
 from fedsim.clients.base import ClientEnv, ClientRoutine
-from fedsim.core.config import ClientConfig, Scenario, ScenarioError, require
+from fedsim.core import protocol
+from fedsim.core.config import (
+    ClientConfig,
+    Scenario,
+    ScenarioError,
+    component_params,
+    lookup,
+    require,
+)
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.registry import Registry
-from fedsim.core.training import TRAINING_HOOK, derive_seed
-from fedsim.engine.validate import component_params, lookup
+from fedsim.core.seeds import SeedStream, derive_seed, stream_rng
+from fedsim.core.training import TRAINING_HOOK
 
 if TYPE_CHECKING:
     from opacus import GradSampleModule
@@ -69,11 +77,7 @@ if TYPE_CHECKING:
 DEFENCES: Registry[Any] = Registry("defence")
 Tensors = dict[str, torch.Tensor]
 
-UPLOAD_STREAM = 13  # seed streams, apart from training's and private initialisation's
-PROBE_STREAM = 14
-DP_SGD_STREAM = 15
 ACCOUNTANT_KEY = "dp-sgd-accountant"
-EPSILON_METRIC = "dp-epsilon"
 
 
 def global_norm(tensors: Tensors) -> float:
@@ -234,7 +238,7 @@ class DPSGD(Defence):
 
     def training(self, env: ClientEnv, server_round: int) -> DPTraining:
         seed = derive_seed(
-            env.scenario.federation.seed, DP_SGD_STREAM, server_round, env.partition_id
+            SeedStream.DP_SGD, env.scenario.federation.seed, server_round, env.partition_id
         )
         return DPTraining(self.params, env, seed)
 
@@ -353,10 +357,10 @@ def check_defences(scenario: Scenario) -> None:
     require(names.count("dp-sgd") <= 1, "defences", names, "list dp-sgd at most once")
 
 
-def _rng(scenario: Scenario, stream: int, server_round: int, partition: int) -> np.random.Generator:
-    return np.random.default_rng(
-        derive_seed(scenario.federation.seed, stream, server_round, partition)
-    )
+def _rng(
+    scenario: Scenario, stream: SeedStream, server_round: int, partition: int
+) -> np.random.Generator:
+    return stream_rng(stream, scenario.federation.seed, server_round, partition)
 
 
 def protect_upload(
@@ -389,7 +393,7 @@ def train_defended(
     chain = defence_chain(env.scenario)
     if not chain:
         return routine.train(env, sent, config)
-    server_round = int(config["server-round"])  # type: ignore[arg-type]
+    server_round = int(config[protocol.SERVER_ROUND])  # type: ignore[arg-type]
     hooks = [h for h in (d.training(env, server_round) for d in chain) if h is not None]
     token = TRAINING_HOOK.set(hooks[0] if hooks else None)
     try:
@@ -397,11 +401,11 @@ def train_defended(
     finally:
         TRAINING_HOOK.reset(token)
     names = {n for n, _ in routine.build(env, sent).named_parameters()}
-    rng = _rng(env.scenario, UPLOAD_STREAM, server_round, env.partition_id)
+    rng = _rng(env.scenario, SeedStream.DEFENCE_UPLOAD, server_round, env.partition_id)
     arrays = protect_upload(chain, sent, arrays, names, rng)
     for hook in hooks:
         hook.save()
-        metrics[EPSILON_METRIC] = hook.epsilon()
+        metrics[protocol.DP_EPSILON] = hook.epsilon()
     return arrays, metrics
 
 
@@ -409,7 +413,7 @@ def protect_probe(
     scenario: Scenario, gradient: Tensors, batch_size: int, server_round: int, partition: int
 ) -> Tensors:
     """The probe gradient as a client with the scenario's defences would share it."""
-    rng = _rng(scenario, PROBE_STREAM, server_round, partition)
+    rng = _rng(scenario, SeedStream.DEFENCE_PROBE, server_round, partition)
     for defence in defence_chain(scenario):
         gradient = defence.protect_gradient(gradient, batch_size, rng)
     return gradient

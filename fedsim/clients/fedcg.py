@@ -35,22 +35,17 @@ from torch import nn
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.fedsplit import FedSplitClient
-from fedsim.clients.private_state import private_seed
+from fedsim.core import protocol
 from fedsim.core.config import ClientConfig
 from fedsim.core.gan import ConditionalGenerator, GanSplitNet, build_gan_split_net
 from fedsim.core.models import SplitNet
+from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import (
     LossFn,
     batch_indices,
     client_config_from_record,
-    derive_seed,
     train_local,
 )
-
-GAMMA_KEY = "fedcg-gamma"
-DIVERSITY_KEY = "fedcg-diversity-weight"
-GAN_STEPS_KEY = "fedcg-gan-steps"
-GAN_STREAM = 11  # seed stream of stage 2, apart from stage 1's
 
 
 def task_loss(net: SplitNet, global_generator: ConditionalGenerator, gamma: float) -> LossFn:
@@ -136,10 +131,10 @@ def train_gan(
 class FedCGClient(FedSplitClient):
     """Uploads classifier and generator; keeps extractor and discriminator."""
 
-    shared_prefixes: ClassVar[tuple[str, ...]] = ("classifier.", "generator.")
+    shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDCG_SHARED
 
     def network(self, env: ClientEnv) -> GanSplitNet:
-        return build_gan_split_net(env.scenario.model, env.input_spec, seed=private_seed(env))
+        return build_gan_split_net(env.scenario.model, env.input_spec, seed=env.private_seed())
 
     def train(
         self, env: ClientEnv, arrays: ArrayRecord, config: ConfigRecord
@@ -147,7 +142,7 @@ class FedCGClient(FedSplitClient):
         net = cast(GanSplitNet, self.build(env, arrays))
         images, labels = env.train_data
         cfg = client_config_from_record(config)
-        server_round = int(config["server-round"])  # type: ignore[arg-type]
+        server_round = int(config[protocol.SERVER_ROUND])  # type: ignore[arg-type]
         global_generator = copy.deepcopy(net.generator).eval().requires_grad_(False)
         stats = train_local(
             net,
@@ -155,23 +150,25 @@ class FedCGClient(FedSplitClient):
             labels,
             cfg,
             env.seed(server_round),
-            loss_fn=task_loss(net, global_generator, float(config[GAMMA_KEY])),  # type: ignore[arg-type]
+            loss_fn=task_loss(net, global_generator, float(config[protocol.FEDCG_GAMMA])),  # type: ignore[arg-type]
             parameters=[*net.extractor.parameters(), *net.classifier.parameters()],
         )
-        gan_steps = int(config.get(GAN_STEPS_KEY, 0))  # type: ignore[arg-type]
+        gan_steps = int(config.get(protocol.FEDCG_GAN_STEPS, 0))  # type: ignore[arg-type]
         gan_cfg = dataclasses.replace(cfg, local_steps=gan_steps) if gan_steps else cfg
         gan = train_gan(
             net,
             images,
             labels,
             gan_cfg,
-            derive_seed(env.seed(server_round), GAN_STREAM),
-            float(config[DIVERSITY_KEY]),  # type: ignore[arg-type]
+            derive_seed(
+                SeedStream.FEDCG_GAN, env.scenario.federation.seed, server_round, env.partition_id
+            ),
+            float(config[protocol.FEDCG_DIVERSITY]),  # type: ignore[arg-type]
         )
         metrics = {
-            "train-loss": stats.mean_loss,
-            "gan-d-loss": gan.d_loss,
-            "gan-g-loss": gan.g_loss,
-            "num-examples": stats.examples,
+            protocol.TRAIN_LOSS: stats.mean_loss,
+            protocol.GAN_D_LOSS: gan.d_loss,
+            protocol.GAN_G_LOSS: gan.g_loss,
+            protocol.NUM_EXAMPLES: stats.examples,
         }
         return self.reply_arrays(env, net, server_round), metrics

@@ -12,10 +12,9 @@ from torch import nn
 
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientRoutine
+from fedsim.core import protocol
 from fedsim.core.models import SplitNet
 from fedsim.core.training import LossFn, cross_entropy_loss
-
-MU_KEY = "proximal-mu"
 
 
 def proximal_loss(model: SplitNet, mu: float) -> LossFn:
@@ -37,4 +36,4 @@ class FedProxClient(ClientRoutine):
 
     def loss(self, model: SplitNet, config: ConfigRecord) -> LossFn:
         # Called on the freshly loaded global model, so it anchors at w_global.
-        return proximal_loss(model, float(config[MU_KEY]))  # type: ignore[arg-type]
+        return proximal_loss(model, float(config[protocol.PROXIMAL_MU]))  # type: ignore[arg-type]

@@ -16,13 +16,8 @@ from flwr.app import ArrayRecord
 
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientRoutine
-from fedsim.clients.private_state import (
-    drop_prefixed,
-    keep_prefixed,
-    load_private,
-    private_seed,
-    save_private,
-)
+from fedsim.clients.private_state import load_private, save_private
+from fedsim.core import protocol
 from fedsim.core.models import SplitNet, build_model
 
 
@@ -30,11 +25,11 @@ from fedsim.core.models import SplitNet, build_model
 class FedSplitClient(ClientRoutine):
     """Uploads the parameters named by :attr:`shared_prefixes`; keeps the rest."""
 
-    shared_prefixes: ClassVar[tuple[str, ...]] = ("classifier.",)
+    shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDSPLIT_SHARED
 
     def network(self, env: ClientEnv) -> SplitNet:
         """A fresh network, initialised with this client's private seed."""
-        return build_model(env.scenario.model, env.input_spec, seed=private_seed(env))
+        return build_model(env.scenario.model, env.input_spec, seed=env.private_seed())
 
     def build(self, env: ClientEnv, arrays: ArrayRecord) -> SplitNet:
         model = self.network(env)
@@ -46,5 +41,5 @@ class FedSplitClient(ClientRoutine):
 
     def reply_arrays(self, env: ClientEnv, model: SplitNet, server_round: int) -> ArrayRecord:
         state = model.state_dict()
-        save_private(env, drop_prefixed(state, self.shared_prefixes), server_round)
-        return ArrayRecord(keep_prefixed(state, self.shared_prefixes))
+        save_private(env, protocol.drop_prefixed(state, self.shared_prefixes), server_round)
+        return ArrayRecord(protocol.keep_prefixed(state, self.shared_prefixes))

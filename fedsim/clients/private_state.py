@@ -28,29 +28,11 @@ from typing import TYPE_CHECKING
 import torch
 from flwr.app import ArrayRecord
 
-from fedsim.core.training import derive_seed
-
 if TYPE_CHECKING:
     from fedsim.clients.base import ClientEnv
 
 Tensors = Mapping[str, torch.Tensor]
 STATE_KEY = "private-model"
-PRIVATE_INIT_STREAM = 7  # seed stream for private parameters' initialisation
-
-
-def keep_prefixed(state: Tensors, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The entries of ``state`` whose names start with one of ``prefixes``."""
-    return {k: v for k, v in state.items() if k.startswith(prefixes)}
-
-
-def drop_prefixed(state: Tensors, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The entries of ``state`` whose names start with none of ``prefixes``."""
-    return {k: v for k, v in state.items() if not k.startswith(prefixes)}
-
-
-def private_seed(env: ClientEnv) -> int:
-    """Seed for a client's private parameters: differs between partitions."""
-    return derive_seed(env.scenario.federation.seed, PRIVATE_INIT_STREAM, env.partition_id)
 
 
 def state_file(state_dir: Path, partition_id: int) -> Path:

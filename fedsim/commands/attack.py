@@ -83,10 +83,9 @@ class AttackCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from fedsim.attacks import ATTACKS
-        from fedsim.core.config import parse_table
+        from fedsim.core.config import lookup, parse_table
         from fedsim.core.data import DATASETS, load_dataset
         from fedsim.core.models import INITS, MODELS
-        from fedsim.engine.validate import lookup
 
         require(args.batch_size >= 1, "--batch-size", args.batch_size, "must be >= 1")
         require(

@@ -14,8 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedsim.core.config import DataConfig, require
+from fedsim.core.config import DataConfig, component_params, require
+from fedsim.core.data import load_dataset
 from fedsim.core.registry import Registry
+from fedsim.core.seeds import SeedStream, stream_rng
 
 
 class Partitioner(Protocol):
@@ -124,17 +126,14 @@ class ClientSplit:
 @functools.lru_cache(maxsize=4)
 def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[ClientSplit, ...]:
     """All clients' splits (computed once per process; cheap next to training)."""
-    from fedsim.core.data import load_dataset
-    from fedsim.engine.validate import component_params
-
     labels = load_dataset(cfg).train_labels.numpy()
     partitioner = PARTITIONERS.get(cfg.partitioner.name)
     params = component_params(partitioner, cfg.partitioner, "data.partitioner")
-    rng = np.random.default_rng([seed, 1])
+    rng = stream_rng(SeedStream.PARTITION, seed)
     parts = partitioner(labels, num_clients, rng, params)
     splits = []
     for client, indices in enumerate(parts):
-        local = np.random.default_rng([seed, 2, client]).permutation(indices)
+        local = stream_rng(SeedStream.LOCAL_SPLIT, seed, client).permutation(indices)
         if cfg.samples_per_client:
             local = local[: cfg.samples_per_client]
         num_test = round(cfg.test_fraction * len(local))

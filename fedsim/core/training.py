@@ -150,10 +150,3 @@ def evaluate(
 def pick_device(want_gpu: bool) -> torch.device:
     """CUDA when asked for and present, else CPU."""
     return torch.device("cuda" if want_gpu and torch.cuda.is_available() else "cpu")
-
-
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from several integers (scenario seed, round, client, ...)."""
-    import numpy as np
-
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0] & 0x7FFFFFFF)

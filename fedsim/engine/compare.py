@@ -15,7 +15,7 @@ Spec (TOML)::
     overrides = { federation.rounds = 5 }   # changes to the base for every configuration
     seeds = [0, 1]
     parallel = 1                 # runs at once; > 1: each run in its own process and Ray
-    accuracy = "auto"            # or "test-acc" / "client-eval-acc" for every row
+    accuracy = "auto"            # or protocol.TEST_ACC / protocol.CLIENT_EVAL_ACC for every row
 
     [[strategies]]               # default: the base's strategy
     label = "FedAvg"
@@ -69,6 +69,7 @@ import tomli_w
 from matplotlib.figure import Figure
 from rich.console import Console
 
+from fedsim.core import protocol
 from fedsim.core.config import (
     Scenario,
     ScenarioError,
@@ -80,6 +81,7 @@ from fedsim.core.config import (
 )
 from fedsim.engine.audit.auditor import AUDIT_FILE
 from fedsim.engine.results import METRICS_FILE, SUMMARY_FILE
+from fedsim.engine.validate import check_components, check_machine
 
 RUNS_DIR = "runs"
 MARKER = "compare.json"
@@ -119,7 +121,7 @@ class CompareSpec:
     description: str = ""
     seeds: tuple[int, ...] = (0,)
     parallel: int = 1
-    accuracy: Literal["auto", "test-acc", "client-eval-acc"] = "auto"
+    accuracy: Literal["auto", protocol.TEST_ACC, protocol.CLIENT_EVAL_ACC] = "auto"
     overrides: dict[str, Any] = field(default_factory=dict)
     strategies: tuple[StrategyEntry, ...] = (StrategyEntry(),)
     defences: tuple[DefenceEntry, ...] = (DefenceEntry(label="none"),)
@@ -230,7 +232,9 @@ def _scenario(
     raw = merge(raw, {"federation": {"seed": seed}, "audit": {"seed": seed}})
     raw["name"] = f"{spec.name}-{slug(label)}-seed-{seed}"
     try:
-        return scenario_from_dict(raw)
+        scenario = scenario_from_dict(raw)
+        check_components(scenario)
+        return scenario
     except ScenarioError as err:
         raise ScenarioError(f"[{label}, seed {seed}] {err.key}", err.value, err.allowed) from None
 
@@ -302,6 +306,11 @@ def run_sweep(
     the others go on.
     """
     console = console or Console(soft_wrap=True)
+    for config in configs:  # before anything runs: data present, GPUs there
+        try:
+            check_machine(config.scenario)
+        except ScenarioError as err:
+            raise ScenarioError(f"[{config.label}] {err.key}", err.value, err.allowed) from None
     run = run or (run_in_process if spec.parallel == 1 else run_in_subprocess)
     runs = out / RUNS_DIR
     todo, skipped = [], []
@@ -357,8 +366,10 @@ def run_results(config: Configuration, run_dir: Path, accuracy: str) -> list[dic
     last = metrics.iloc[-1]
     source = accuracy
     if accuracy == "auto":
-        source = "test-acc" if math.isfinite(float(last.get("test-acc", math.nan))) else ""
-        source = source or "client-eval-acc"
+        source = (
+            protocol.TEST_ACC if math.isfinite(float(last.get(protocol.TEST_ACC, math.nan))) else ""
+        )
+        source = source or protocol.CLIENT_EVAL_ACC
     row: dict[str, Any] = {
         "configuration": config.label,
         "strategy": config.strategy,
@@ -366,7 +377,7 @@ def run_results(config: Configuration, run_dir: Path, accuracy: str) -> list[dic
         "seed": config.seed,
         "accuracy": float(last.get(source, math.nan)),
         "accuracy-from": source,
-        "epsilon": float(last.get("dp-epsilon", math.nan)),
+        "epsilon": float(last.get(protocol.DP_EPSILON, math.nan)),
         "rounds": len(metrics),
         "seconds": float(metrics["seconds"].sum()),
         "run": str(run_dir.relative_to(run_dir.parents[2])),  # relative to the sweep

@@ -24,14 +24,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedsim.core import protocol
 from fedsim.core.config import FailureConfig, Scenario, ScenarioError
+from fedsim.core.seeds import SeedStream, choose
 
-FAILURE_KEY = "fedsim.failure"  # the mark: a ConfigRecord in the message content
-FAILURE_STREAM = 5  # seed stream (partitioning uses 1-2, sampling 3-4)
 _MARKER = "fedsim injected client failure"
 # A straggler replies this long after the deadline: later than the server's last poll.
 STRAGGLER_GRACE_S = 0.2
@@ -88,10 +87,7 @@ class FailurePlan:
     def failing(self, server_round: int, partitions: Sequence[int]) -> list[int]:
         """The partitions among ``partitions`` that fail in ``server_round``."""
         count = failing_count(self.fraction, len(partitions))
-        if count == 0:
-            return []
-        rng = np.random.default_rng([self.seed, FAILURE_STREAM, server_round])
-        return sorted(int(p) for p in rng.choice(sorted(partitions), count, replace=False))
+        return choose(partitions, count, SeedStream.FAILURES, self.seed, server_round)
 
 
 def mark(message: Message, kind: str, deadline: float) -> Message:
@@ -102,7 +98,7 @@ def mark(message: Message, kind: str, deadline: float) -> Message:
     waiting for replies.
     """
     content = RecordDict(dict(message.content.items()))
-    content[FAILURE_KEY] = ConfigRecord({"kind": kind, "deadline": deadline})
+    content[protocol.FAILURE] = ConfigRecord({"kind": kind, "deadline": deadline})
     return Message(
         content=content,
         dst_node_id=message.metadata.dst_node_id,
@@ -113,7 +109,7 @@ def mark(message: Message, kind: str, deadline: float) -> Message:
 
 def inject_failures(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Flower client mod: fail as the mark says, else run the handler."""
-    failure = msg.content.config_records.get(FAILURE_KEY)
+    failure = msg.content.config_records.get(protocol.FAILURE)
     if failure is None:
         return call_next(msg, context)
     if failure["kind"] == "timeout":

@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.clients.app import PARTITION_KEY
+from fedsim.core import protocol
 from fedsim.engine.failures import FailurePlan, mark
 
 POLL_S = 0.02  # between pulls for replies (Flower's own send_and_receive sleeps 0.1 s)
@@ -138,9 +138,9 @@ class Exchange:
         if self.partition_of is None:
             return
         for reply in replies:
-            if reply.has_error() or "metrics" not in reply.content.metric_records:
+            if reply.has_error() or protocol.METRICS not in reply.content.metric_records:
                 continue
-            claimed = reply.content.metric_records["metrics"].get(PARTITION_KEY)
+            claimed = reply.content.metric_records[protocol.METRICS].get(protocol.PARTITION_ID)
             expected = self.partition_of[reply.metadata.src_node_id]
             if claimed is not None and claimed != expected:
                 raise RuntimeError(
@@ -157,12 +157,21 @@ def _client_rows(
     id_key: str,
 ) -> list[dict[str, Any]]:
     rows = [
-        {"round": server_round, "phase": phase, **dict(reply.content["metrics"])}
+        {
+            protocol.ROUND: server_round,
+            protocol.PHASE: phase,
+            **dict(reply.content[protocol.METRICS]),
+        }
         for reply in replies
-        if not reply.has_error() and "metrics" in reply.content.metric_records
+        if not reply.has_error() and protocol.METRICS in reply.content.metric_records
     ]
     rows += [
-        {"round": server_round, "phase": phase, id_key: client, "failure": kind}
+        {
+            protocol.ROUND: server_round,
+            protocol.PHASE: phase,
+            id_key: client,
+            protocol.FAILURE_KIND: kind,
+        }
         for client, kind in failed.items()
     ]
     return sorted(rows, key=lambda row: row.get(id_key, -1))
@@ -194,7 +203,7 @@ def run_rounds(
     """
     evaluate_global = getattr(strategy, "evaluate_global", None)
     exchange = Exchange(grid, timeout, partition_of, failures)
-    id_key = PARTITION_KEY if partition_of is not None else "node-id"
+    id_key = protocol.PARTITION_ID if partition_of is not None else "node-id"
     for server_round in rounds:
         started = time.perf_counter()
         train_messages = list(

@@ -21,6 +21,7 @@ import torch
 from flwr.app import ArrayRecord
 from rich.console import Console
 
+from fedsim.core import protocol
 from fedsim.core.config import Scenario, scenario_to_dict
 from fedsim.engine.loop import RoundRecord
 
@@ -87,16 +88,16 @@ class RunRecorder:
 
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
         row: dict[str, Any] = {
-            "round": record.round,
-            "train-loss": record.train.get("train-loss", math.nan),
-            "test-acc": record.server.get("test-acc", math.nan),
-            "test-loss": record.server.get("test-loss", math.nan),
-            "client-eval-acc": record.evaluate.get("eval-acc", math.nan),
-            "client-eval-loss": record.evaluate.get("eval-loss", math.nan),
-            "clients-sampled": record.sampled,
-            "clients-trained": record.replies,
-            "failures": record.failures,
-            "seconds": record.seconds,
+            protocol.ROUND: record.round,
+            protocol.TRAIN_LOSS: record.train.get(protocol.TRAIN_LOSS, math.nan),
+            protocol.TEST_ACC: record.server.get(protocol.TEST_ACC, math.nan),
+            protocol.TEST_LOSS: record.server.get(protocol.TEST_LOSS, math.nan),
+            protocol.CLIENT_EVAL_ACC: record.evaluate.get(protocol.EVAL_ACC, math.nan),
+            protocol.CLIENT_EVAL_LOSS: record.evaluate.get(protocol.EVAL_LOSS, math.nan),
+            protocol.CLIENTS_SAMPLED: record.sampled,
+            protocol.CLIENTS_TRAINED: record.replies,
+            protocol.FAILURES: record.failures,
+            protocol.SECONDS: record.seconds,
         }
         # Strategy-specific metrics get their own columns (client ones prefixed).
         extra = {**record.train, **{f"client-{k}": v for k, v in record.evaluate.items()}}
@@ -105,7 +106,7 @@ class RunRecorder:
         self.rows.append(row)
         self.client_rows.extend(record.clients)
         self._write()
-        shown = ("train-loss", "test-acc", "client-eval-acc")
+        shown = (protocol.TRAIN_LOSS, protocol.TEST_ACC, protocol.CLIENT_EVAL_ACC)
         parts = "  ".join(f"{k} {_fmt(row[k])}" for k in shown)
         failed = ", ".join(f"#{client} {kind}" for client, kind in record.failed.items())
         self.console.print(
@@ -135,7 +136,7 @@ def save_model(arrays: ArrayRecord, run_dir: Path) -> None:
 def accuracy_line(last: dict[str, Any], best: float) -> str:
     """Final accuracies; strategies without a global model report only their clients'."""
     client = f"final client-eval accuracy: {_fmt(last.get('client-eval-acc', math.nan))}"
-    test = last.get("test-acc", math.nan)
+    test = last.get(protocol.TEST_ACC, math.nan)
     if math.isnan(test):
         return f"- no global model to test (personalised evaluation); {client}"
     return f"- final test accuracy: {_fmt(test)} (best {_fmt(best)}); {client}"
@@ -144,8 +145,8 @@ def accuracy_line(last: dict[str, Any], best: float) -> str:
 def write_summary(scenario: Scenario, rows: list[dict[str, Any]], run_dir: Path) -> str:
     """A short markdown summary of the run (also returned for printing)."""
     last = rows[-1] if rows else {}
-    best = max((r.get("test-acc", math.nan) for r in rows), default=math.nan)
-    total = sum(r.get("seconds", 0.0) for r in rows)
+    best = max((r.get(protocol.TEST_ACC, math.nan) for r in rows), default=math.nan)
+    total = sum(r.get(protocol.SECONDS, 0.0) for r in rows)
     lines = [
         f"# {scenario.name}",
         "",
@@ -159,9 +160,9 @@ def write_summary(scenario: Scenario, rows: list[dict[str, Any]], run_dir: Path)
         accuracy_line(last, best),
         f"- wall time in rounds: {total:.1f}s",
     ]
-    failures = [r for r in rows if r.get("failures", 0)]
+    failures = [r for r in rows if r.get(protocol.FAILURES, 0)]
     if failures:
-        count = sum(int(r["failures"]) for r in failures)
+        count = sum(int(r[protocol.FAILURES]) for r in failures)
         lines.append(f"- client failures: {count} in {len(failures)} of {len(rows)} rounds")
     text = "\n".join(lines) + "\n"
     (run_dir / SUMMARY_FILE).write_text(text)

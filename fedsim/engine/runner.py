@@ -16,7 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
 from fedsim.clients.app import build_client_app
-from fedsim.core.config import Scenario
+from fedsim.core.config import Scenario, component_params
 from fedsim.core.data import load_dataset
 from fedsim.core.training import client_config_record, pick_device
 from fedsim.engine.audit.auditor import AUDIT_RESOURCE, Auditor
@@ -32,7 +32,7 @@ from fedsim.engine.results import (
     write_scenario,
     write_summary,
 )
-from fedsim.engine.validate import component_params
+from fedsim.engine.validate import validate
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -201,13 +201,14 @@ def run_scenario(
     callbacks: tuple[RoundCallback, ...] = (),
     resume: Checkpoint | None = None,
 ) -> RunResult:
-    """Run ``scenario`` (already validated) as a Flower simulation on Ray.
+    """Validate ``scenario`` and run it as a Flower simulation on Ray.
 
     With ``resume`` (from :func:`fedsim.engine.checkpoint.open_resume`) the run
     continues in the checkpoint's run directory after its last round.
     """
     from flwr.simulation import run_simulation
 
+    validate(scenario)
     console = console or Console(soft_wrap=True)
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     check_failures(scenario, strategy_cls.min_replies)

@@ -17,15 +17,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
+from fedsim.core import protocol
 from fedsim.core.config import Scenario
 from fedsim.core.data import DatasetBundle
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
+from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import evaluate
 from fedsim.engine.failures import TooFewReplies, required_replies
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.sampling import PartitionSampler
 
-NUM_EXAMPLES = "num-examples"
+NUM_EXAMPLES = protocol.NUM_EXAMPLES
 
 
 def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
@@ -33,11 +35,11 @@ def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord
     totals: dict[str, float] = {}
     weight_sum = 0.0
     for record in records:
-        metrics = record["metrics"]
+        metrics = record[protocol.METRICS]
         weight = float(metrics[weight_key])  # type: ignore[arg-type]
         weight_sum += weight
         for key, value in metrics.items():
-            if key in (weight_key, "partition-id") or not isinstance(value, int | float):
+            if key in (weight_key, protocol.PARTITION_ID) or not isinstance(value, int | float):
                 continue
             totals[key] = totals.get(key, 0.0) + weight * float(value)
     return MetricRecord({k: v / max(weight_sum, 1e-12) for k, v in totals.items()})
@@ -64,7 +66,7 @@ class ServerResources:
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """The global model on the server's device, loaded with ``arrays``."""
         state = None if arrays is None else arrays.to_torch_state_dict()
-        seed = self.scenario.federation.seed
+        seed = derive_seed(SeedStream.MODEL_INIT, self.scenario.federation.seed)
         return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
 
@@ -81,7 +83,7 @@ class FedAvg(FlowerFedAvg):
 
     def __init__(self, params: Any, sampler: PartitionSampler, server: ServerResources) -> None:
         super().__init__(
-            weighted_by_key=NUM_EXAMPLES,
+            weighted_by_key=protocol.NUM_EXAMPLES,
             train_metrics_aggr_fn=weighted_metrics,
             evaluate_metrics_aggr_fn=weighted_metrics,
         )
@@ -110,7 +112,7 @@ class FedAvg(FlowerFedAvg):
     ) -> Iterable[Message]:
         self.global_arrays = arrays
         self.sampled = self.sampler.train_partitions(server_round)
-        config["server-round"] = server_round
+        config[protocol.SERVER_ROUND] = server_round
         return self._messages(self.sampler.nodes(self.sampled), arrays, config, MessageType.TRAIN)
 
     def aggregate_train(
@@ -132,7 +134,7 @@ class FedAvg(FlowerFedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         partitions = self.sampler.evaluate_partitions(server_round)
-        config["server-round"] = server_round
+        config[protocol.SERVER_ROUND] = server_round
         nodes = self.sampler.nodes(partitions)
         return self._messages(nodes, arrays, config, MessageType.EVALUATE)
 
@@ -140,7 +142,7 @@ class FedAvg(FlowerFedAvg):
         """Loss and accuracy of the global model on the held-out test set."""
         model = self.server.model(arrays)
         loss, acc = evaluate(model, self.server.bundle.test_images, self.server.bundle.test_labels)
-        return {"test-loss": loss, "test-acc": acc}
+        return {protocol.TEST_LOSS: loss, protocol.TEST_ACC: acc}
 
     def state_for_checkpoint(self) -> dict[str, Any]:
         """Strategy state a resumed run needs besides the global model (none here).

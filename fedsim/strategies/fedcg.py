@@ -44,19 +44,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from fedsim.clients.fedcg import DIVERSITY_KEY, GAMMA_KEY, GAN_STEPS_KEY, FedCGClient
-from fedsim.clients.private_state import keep_prefixed
+from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, require
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, feature_shape
 from fedsim.core.models import InputSpec, build_model
-from fedsim.core.training import derive_seed
+from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.distillation import Teacher, distill, sample_codes, teacher_student_kl
-from fedsim.strategies.fedavg import NUM_EXAMPLES
 from fedsim.strategies.fedsplit import FedSplit
 
 PROBE_CODES = 256
-PROBE_STREAM, DISTILL_STREAM = 21, 22
 
 
 def gamma_schedule(server_round: int, ramp_rounds: int) -> float:
@@ -118,7 +115,7 @@ class FedCG(FedSplit):
 
     Params: ClassVar[type] = FedCGParams
     client_routine: ClassVar[str] = "fedcg"
-    shared_prefixes: ClassVar[tuple[str, ...]] = FedCGClient.shared_prefixes
+    shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDCG_SHARED
 
     @classmethod
     def check_scenario(cls, scenario: Scenario) -> None:
@@ -130,7 +127,8 @@ class FedCG(FedSplit):
             raise ScenarioError("model.name", scenario.model.name, str(err)) from None
 
     def network(self, arrays: ArrayRecord | None = None) -> GanSplitNet:
-        server, seed = self.server, self.server.scenario.federation.seed
+        server = self.server
+        seed = derive_seed(SeedStream.MODEL_INIT, server.scenario.federation.seed)
         net = build_gan_split_net(server.scenario.model, server.input_spec, seed)
         if arrays is not None:
             net.load_state_dict(arrays.to_torch_state_dict(), strict=False)
@@ -139,9 +137,9 @@ class FedCG(FedSplit):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        config[GAMMA_KEY] = gamma_schedule(server_round, self.params.gamma_ramp_rounds)
-        config[DIVERSITY_KEY] = self.params.diversity_weight
-        config[GAN_STEPS_KEY] = self.params.gan_steps
+        config[protocol.FEDCG_GAMMA] = gamma_schedule(server_round, self.params.gamma_ramp_rounds)
+        config[protocol.FEDCG_DIVERSITY] = self.params.diversity_weight
+        config[protocol.FEDCG_GAN_STEPS] = self.params.gan_steps
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
@@ -153,14 +151,15 @@ class FedCG(FedSplit):
         if arrays is None or metrics is None:
             return arrays, metrics
         contents = [r.content for r in replies if not r.has_error()]
-        sizes = [float(c["metrics"][NUM_EXAMPLES]) for c in contents]  # type: ignore[arg-type]
+        sizes = [float(c[protocol.METRICS][protocol.NUM_EXAMPLES]) for c in contents]  # type: ignore[arg-type]
         teachers = [
-            Teacher(n / sum(sizes), self.network(c["arrays"]))  # type: ignore[arg-type]
+            Teacher(n / sum(sizes), self.network(c[protocol.ARRAYS]))  # type: ignore[arg-type]
             for n, c in zip(sizes, contents, strict=True)
         ]
         student = self.network(arrays)
         seed = self.server.scenario.federation.seed
-        probe = torch.Generator().manual_seed(derive_seed(seed, server_round, PROBE_STREAM))
+        probe_seed = derive_seed(SeedStream.DISTILL_PROBE, seed, server_round)
+        probe = torch.Generator().manual_seed(probe_seed)
         z, y = sample_codes(PROBE_CODES, student, probe)
         metrics["distill-kl-before"] = teacher_student_kl(student, teachers, z, y)
         started = time.perf_counter()
@@ -170,8 +169,10 @@ class FedCG(FedSplit):
             self.params.distill_iterations,
             self.params.distill_batch_size,
             self.params.distill_lr,
-            derive_seed(seed, server_round, DISTILL_STREAM),
+            derive_seed(SeedStream.DISTILL, seed, server_round),
         )
         metrics["distill-seconds"] = time.perf_counter() - started
         metrics["distill-kl-after"] = teacher_student_kl(student, teachers, z, y)
-        return ArrayRecord(keep_prefixed(student.state_dict(), self.shared_prefixes)), metrics
+        return ArrayRecord(
+            protocol.keep_prefixed(student.state_dict(), self.shared_prefixes)
+        ), metrics

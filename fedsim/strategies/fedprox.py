@@ -14,7 +14,7 @@ from typing import ClassVar
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from fedsim.clients.fedprox import MU_KEY
+from fedsim.core import protocol
 from fedsim.core.config import require
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import FedAvg
@@ -40,5 +40,5 @@ class FedProx(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        config[MU_KEY] = self.params.mu
+        config[protocol.PROXIMAL_MU] = self.params.mu
         return super().configure_train(server_round, arrays, config, grid)

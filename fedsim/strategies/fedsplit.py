@@ -16,8 +16,7 @@ from typing import ClassVar
 
 from flwr.app import ArrayRecord
 
-from fedsim.clients.fedsplit import FedSplitClient
-from fedsim.clients.private_state import keep_prefixed
+from fedsim.core import protocol
 from fedsim.core.models import SplitNet
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import FedAvg
@@ -34,7 +33,7 @@ class FedSplit(FedAvg):
 
     Params: ClassVar[type] = FedSplitParams
     client_routine: ClassVar[str] = "fedsplit"
-    shared_prefixes: ClassVar[tuple[str, ...]] = FedSplitClient.shared_prefixes
+    shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDSPLIT_SHARED
 
     def network(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """The seeded network on the server, loaded with ``arrays`` (may be partial)."""
@@ -42,7 +41,9 @@ class FedSplit(FedAvg):
 
     def initial_arrays(self) -> ArrayRecord:
         """The round-0 shared parameters of the seeded network."""
-        return ArrayRecord(keep_prefixed(self.network().state_dict(), self.shared_prefixes))
+        return ArrayRecord(
+            protocol.keep_prefixed(self.network().state_dict(), self.shared_prefixes)
+        )
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
         """None: without a client's private extractor there is no model to test."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedsim.clients.local import LocalClient
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedsplit import FedSplit
 
@@ -27,4 +26,4 @@ class Local(FedSplit):
 
     Params: ClassVar[type] = LocalParams
     client_routine: ClassVar[str] = "local"
-    shared_prefixes: ClassVar[tuple[str, ...]] = LocalClient.shared_prefixes
+    shared_prefixes: ClassVar[tuple[str, ...]] = ()

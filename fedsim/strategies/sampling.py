@@ -15,6 +15,9 @@ import numpy as np
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedsim.core import protocol
+from fedsim.core.seeds import SeedStream, choose
+
 
 def _wait_for_nodes(grid: Grid, expected: int | None, wait_s: float) -> list[int]:
     # run_simulation starts the ServerApp before it registers the simulated
@@ -48,8 +51,6 @@ def _registration_order(grid: Grid, nodes: list[int]) -> dict[int, int] | None:
 
 def _query_partitions(grid: Grid, nodes: list[int]) -> dict[int, int]:
     """Partition -> node by asking every node (a ``query`` message each)."""
-    from fedsim.clients.app import PARTITION_KEY
-
     queries = [
         Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=node)
         for node in nodes
@@ -58,7 +59,7 @@ def _query_partitions(grid: Grid, nodes: list[int]) -> dict[int, int]:
     for reply in grid.send_and_receive(queries):
         if reply.has_error():
             raise RuntimeError(f"node {reply.metadata.src_node_id} failed discovery")
-        partition = int(reply.content["metrics"][PARTITION_KEY])  # type: ignore[arg-type]
+        partition = int(reply.content[protocol.METRICS][protocol.PARTITION_ID])  # type: ignore[arg-type]
         mapping[partition] = reply.metadata.src_node_id
     return mapping
 
@@ -115,18 +116,15 @@ class PartitionSampler:
         """Node id -> partition id."""
         return {node: partition for partition, node in self.node_of_partition.items()}
 
-    def _choose(self, count: int, *stream: int) -> list[int]:
-        if count >= self.num_clients:
-            return sorted(self.node_of_partition)
-        rng = np.random.default_rng([self.seed, *stream])
-        return sorted(int(p) for p in rng.choice(sorted(self.node_of_partition), count, False))
-
     def train_partitions(self, server_round: int) -> list[int]:
-        return self._choose(self.per_round, 3, server_round)
+        return choose(
+            self.node_of_partition, self.per_round, SeedStream.SAMPLE_TRAIN, self.seed, server_round
+        )
 
     def evaluate_partitions(self, server_round: int) -> list[int]:
         count = round(self.evaluate_fraction * self.num_clients)
-        return self._choose(count, 4, server_round) if count else []
+        stream = SeedStream.SAMPLE_EVALUATE
+        return choose(self.node_of_partition, count, stream, self.seed, server_round)
 
     def nodes(self, partitions: list[int]) -> list[int]:
         return [self.node_of_partition[p] for p in partitions]

@@ -30,16 +30,17 @@ from torchvision.utils import make_grid, save_image
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
-from fedsim.core.config import ComponentConfig, Scenario
+from fedsim.core import protocol
+from fedsim.core.config import ComponentConfig, Scenario, component_params
 from fedsim.core.data import DatasetBundle
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec
-from fedsim.core.training import client_config_from_record, derive_seed
+from fedsim.core.seeds import SeedStream, choose, derive_seed
+from fedsim.core.training import client_config_from_record
 from fedsim.engine.audit.observe import images_in_update, observe_reply
 from fedsim.engine.audit.oracle import GroundTruth, GroundTruthOracle
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import write_csv_atomic
-from fedsim.engine.validate import component_params
 
 AUDIT_FILE = "audit.csv"
 AUDIT_IMAGES = "audit"
@@ -101,10 +102,10 @@ class Auditor:
         """Which of this round's repliers to attack."""
         if self.cfg.victim_ids:
             return [p for p in partitions if p in self.cfg.victim_ids]
-        if self.cfg.victims == 0 or self.cfg.victims >= len(partitions):
+        if self.cfg.victims == 0:
             return sorted(partitions)
-        rng = np.random.default_rng([self.cfg.seed, 5, server_round])
-        return sorted(int(p) for p in rng.choice(sorted(partitions), self.cfg.victims, False))
+        stream = SeedStream.AUDIT_VICTIMS
+        return choose(partitions, self.cfg.victims, stream, self.cfg.seed, server_round)
 
     def observe_round(
         self,
@@ -115,7 +116,7 @@ class Auditor:
     ) -> None:
         if not self.cfg.audits_round(server_round):
             return
-        by_partition = {int(r.content["metrics"]["partition-id"]): r for r in replies}  # type: ignore[arg-type]
+        by_partition = {int(r.content[protocol.METRICS][protocol.PARTITION_ID]): r for r in replies}  # type: ignore[arg-type]
         cfg = client_config_from_record(sent_config)
         for partition in self.victims(server_round, list(by_partition)):
             reply = by_partition[partition]
@@ -125,7 +126,9 @@ class Auditor:
                     partition, server_round, cfg, sent_arrays, self.cfg.probe_batch_size
                 )
             else:
-                count = images_in_update(int(reply.content["metrics"]["num-examples"]), cfg)  # type: ignore[arg-type]
+                count = images_in_update(
+                    int(reply.content[protocol.METRICS][protocol.NUM_EXAMPLES]), cfg
+                )  # type: ignore[arg-type]
                 if count > self.cfg.max_images:
                     self.console.print(
                         f"  audit round {server_round}: client {partition} trained on {count} "
@@ -150,7 +153,7 @@ class Auditor:
                 self._submit(_Job(server_round, partition, attack, observation, truth, 0.0))
 
     def _submit(self, job: _Job) -> None:
-        seed = derive_seed(self.cfg.seed, job.round, job.client)
+        seed = derive_seed(SeedStream.ATTACK, self.cfg.seed, job.round, job.client)
         resources = {AUDIT_RESOURCE: 1.0} if self._has_audit_resource() else {}
         task = _remote_attack.options(
             num_cpus=0 if resources else self.cfg.threads_per_attack,
@@ -246,9 +249,11 @@ class Auditor:
             rows = [r for r in self.rows if r["round"] == record.round]
             if rows:
                 finite = [r["psnr"] for r in rows if math.isfinite(r["psnr"])]
-                record.server["audit-psnr"] = float(np.mean(finite)) if finite else math.inf
-                record.server["audit-ssim"] = float(np.mean([r["ssim"] for r in rows]))
-                record.server["audit-label-acc"] = float(np.mean([r["label-acc"] for r in rows]))
+                record.server[protocol.AUDIT_PSNR] = float(np.mean(finite)) if finite else math.inf
+                record.server[protocol.AUDIT_SSIM] = float(np.mean([r["ssim"] for r in rows]))
+                record.server[protocol.AUDIT_LABEL_ACC] = float(
+                    np.mean([r["label-acc"] for r in rows])
+                )
 
     # -- checkpointing (fedsim.engine.checkpoint.Checkpointable) ------------------------
 

@@ -4,7 +4,7 @@ Nothing here touches client data. Which tensors are "the model" is decided by
 the architecture: reply arrays whose names are model parameters go into
 ``shared``; anything else a strategy uploads (FedCG's ``generator.*``) goes
 into ``extras["uploads"]`` and what the server sent besides the model into
-``extras["sent"]``; ``extras["config"]`` is the whole public train config.
+``extras["sent"]``; ``extras[protocol.CONFIG]`` is the whole public train config.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from fedsim.attacks.base import Observation, ThreatModel
+from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, Scenario
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec, build_model
@@ -62,13 +63,13 @@ def observe_reply(
     batch's size.
     """
     names = model_parameter_names(scenario, spec)
-    uploaded = _tensors(reply.content["arrays"])  # type: ignore[arg-type]
+    uploaded = _tensors(reply.content[protocol.ARRAYS])  # type: ignore[arg-type]
     shared = {k: v for k, v in uploaded.items() if k in names}
     uploads = {k: v for k, v in uploaded.items() if k not in names}
-    metrics = reply.content["metrics"]
+    metrics = reply.content[protocol.METRICS]
     train_config = client_config_from_record(sent_config)
     # The examples the upload was computed on (public: reported size, batch, steps).
-    num_examples = images_in_update(int(metrics["num-examples"]), train_config)  # type: ignore[arg-type]
+    num_examples = images_in_update(int(metrics[protocol.NUM_EXAMPLES]), train_config)  # type: ignore[arg-type]
     if threat_model == "probe":
         assert probe_gradient is not None, "a probe observation needs the probe gradient"
         shared = {k: probe_gradient[k] for k in shared}
@@ -76,7 +77,7 @@ def observe_reply(
     sent = _tensors(sent_arrays)
     return Observation(
         round=server_round,
-        client_id=int(metrics["partition-id"]),  # type: ignore[arg-type]
+        client_id=int(metrics[protocol.PARTITION_ID]),  # type: ignore[arg-type]
         threat_model=threat_model,
         shared_kind="gradient" if threat_model == "probe" else "update",
         shared=shared,
@@ -88,7 +89,7 @@ def observe_reply(
         num_examples=num_examples,
         strategy=scenario.strategy.name,
         extras={
-            "config": public_config(sent_config),
+            protocol.CONFIG: public_config(sent_config),
             "uploads": uploads,
             "sent": {k: v for k, v in sent.items() if k not in names},
         },

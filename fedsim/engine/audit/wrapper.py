@@ -16,6 +16,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedsim.core import protocol
+
 
 class ReplyObserver(Protocol):
     """Receives what the server sent and got back in one training round."""
@@ -48,7 +50,10 @@ class AuditedStrategy(Strategy):
         if messages:
             # What actually went out (a strategy may send a subset of the model).
             first = messages[0].content
-            self._sent = (first.array_records["arrays"], first.config_records["config"])
+            self._sent = (
+                first.array_records[protocol.ARRAYS],
+                first.config_records[protocol.CONFIG],
+            )
         return messages
 
     def aggregate_train(

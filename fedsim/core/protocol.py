@@ -1,0 +1,127 @@
+"""fedsim's wire protocol and record formats: every key that crosses a boundary.
+
+A strategy and its client routine agree on message keys; the engine and its
+readers (``fedsim compare``, reports, tests) agree on CSV columns. Both sides
+import the names from here instead of repeating string literals.
+
+Messages follow Flower's layout: a ``RecordDict`` with an ``ArrayRecord``
+under :data:`ARRAYS`, a ``ConfigRecord`` under :data:`CONFIG` (server to
+client) and a ``MetricRecord`` under :data:`METRICS` (client to server).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# -- records of a message ------------------------------------------------------
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+# -- what a node knows of itself (Flower's node config) -------------------------
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+
+# -- config keys the server sends (public: the audit reads them) ----------------
+SERVER_ROUND = "server-round"
+PROXIMAL_MU = "proximal-mu"  # FedProx: the client adds (mu/2)||w - w_global||^2
+FEDCG_GAMMA = "fedcg-gamma"  # FedCG stage 1: weight of the feature-matching term
+FEDCG_DIVERSITY = "fedcg-diversity-weight"  # FedCG stage 2: diversity loss weight
+FEDCG_GAN_STEPS = "fedcg-gan-steps"  # FedCG stage 2: minibatches (0 = as stage 1)
+FAILURE = "fedsim.failure"  # a ConfigRecord marking an injected failure (engine.failures)
+
+# -- metric keys a client replies with ------------------------------------------
+NUM_EXAMPLES = "num-examples"  # the aggregation weight
+TRAIN_LOSS = "train-loss"
+EVAL_LOSS = "eval-loss"
+EVAL_ACC = "eval-acc"
+DP_EPSILON = "dp-epsilon"  # DP-SGD's epsilon spent so far
+GAN_D_LOSS = "gan-d-loss"
+GAN_G_LOSS = "gan-g-loss"
+
+# -- parameter-name prefixes: what a split model shares -------------------------
+EXTRACTOR = "extractor."
+CLASSIFIER = "classifier."
+GENERATOR = "generator."
+DISCRIMINATOR = "discriminator."
+FEDSPLIT_SHARED = (CLASSIFIER,)  # FedSplit's messages: the classifier only
+FEDCG_SHARED = (CLASSIFIER, GENERATOR)  # FedCG's: the classifier and the generator
+
+
+def keep_prefixed(state: Mapping[str, T], prefixes: tuple[str, ...]) -> dict[str, T]:
+    """The entries of ``state`` whose names start with one of ``prefixes``."""
+    return {k: v for k, v in state.items() if k.startswith(prefixes)}
+
+
+def drop_prefixed(state: Mapping[str, T], prefixes: tuple[str, ...]) -> dict[str, T]:
+    """The entries of ``state`` whose names start with none of ``prefixes``."""
+    return {k: v for k, v in state.items() if not k.startswith(prefixes)}
+
+
+# -- metrics.csv: one row per round ---------------------------------------------
+ROUND = "round"
+TEST_ACC = "test-acc"  # the global model on the held-out test set
+TEST_LOSS = "test-loss"
+CLIENT_EVAL_ACC = "client-eval-acc"  # mean of the clients' local evaluation
+CLIENT_EVAL_LOSS = "client-eval-loss"
+CLIENTS_SAMPLED = "clients-sampled"
+CLIENTS_TRAINED = "clients-trained"
+FAILURES = "failures"
+SECONDS = "seconds"
+AUDIT_PSNR = "audit-psnr"  # sync audits: this round's means over attacks and victims
+AUDIT_SSIM = "audit-ssim"
+AUDIT_LABEL_ACC = "audit-label-acc"
+
+# -- clients.csv: one row per client, phase and round -----------------------------
+PHASE = "phase"
+FAILURE_KIND = "failure"  # "error" or "timeout" for a client that did not reply
+
+
+def kebab(name: str) -> str:
+    """A Python field name as a file key: ``label_acc`` -> ``label-acc``."""
+    return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One row of ``audit.csv``: one attack on one victim in one round.
+
+    Column names are the field names in kebab-case (:meth:`column`).
+    """
+
+    round: int
+    client: int
+    strategy: str
+    attack: str
+    threat_model: str
+    shared_kind: str
+    parameters_observed: int
+    tensors_observed: int
+    batch_size: int
+    psnr: float
+    ssim: float
+    mse: float
+    label_acc: float
+    iterations: int
+    restarts: int
+    final_objective: float
+    seconds: float
+    wall_seconds: float
+    attack_params: str
+
+    def to_row(self) -> dict[str, Any]:
+        """The CSV row, kebab-case keys in field order."""
+        return {kebab(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def column(cls, field_name: str) -> str:
+        """The CSV column of ``field_name`` (a typo raises instead of reading nothing)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if field_name not in names:
+            raise KeyError(f"audit.csv has no column for {field_name!r}")
+        return kebab(field_name)

@@ -1,0 +1,98 @@
+"""Named random streams: every seed in fedsim is ``derive_seed(stream, *parts)``.
+
+A stream is a :class:`SeedStream` member; its tag enters the hash first, so
+two streams never share a seed however their other parts (scenario seed,
+round, partition, restart) line up. A bare integer in that slot would not do:
+``(seed, 7, p)`` for a private initialisation and ``(seed, round, p)`` for an
+attack meet in round 7. Seeds are 63-bit, so that over a long run the
+thousands of client and attacker seeds do not meet by chance either
+(``tests/test_seeds.py`` checks 200 rounds x 201 partitions).
+
+Each stream belongs to one party: the federation (clients and the server's
+honest work) or the attacker (the audit and ``fedsim attack``). An attacker
+stream must never reproduce a client's randomness: that would hand the
+attack a private initialisation or the client's batch order.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class Party(enum.Enum):
+    """Who draws from a stream."""
+
+    FEDERATION = "federation"
+    ATTACKER = "attacker"
+
+
+class SeedStream(enum.Enum):
+    """Every random stream, with the parts it is derived from (after the tag)."""
+
+    # The federation: clients and the server's honest work.
+    MODEL_INIT = ("model-init", Party.FEDERATION, ("seed",))
+    PRIVATE_INIT = ("private-init", Party.FEDERATION, ("seed", "partition"))
+    PARTITION = ("partition", Party.FEDERATION, ("seed",))
+    LOCAL_SPLIT = ("local-split", Party.FEDERATION, ("seed", "partition"))
+    SAMPLE_TRAIN = ("sample-train", Party.FEDERATION, ("seed", "round"))
+    SAMPLE_EVALUATE = ("sample-evaluate", Party.FEDERATION, ("seed", "round"))
+    FAILURES = ("failures", Party.FEDERATION, ("seed", "round"))
+    CLIENT_TRAIN = ("client-train", Party.FEDERATION, ("seed", "round", "partition"))
+    FEDCG_GAN = ("fedcg-gan", Party.FEDERATION, ("seed", "round", "partition"))
+    DEFENCE_UPLOAD = ("defence-upload", Party.FEDERATION, ("seed", "round", "partition"))
+    DEFENCE_PROBE = ("defence-probe", Party.FEDERATION, ("seed", "round", "partition"))
+    DP_SGD = ("dp-sgd", Party.FEDERATION, ("seed", "round", "partition"))
+    DISTILL = ("distill", Party.FEDERATION, ("seed", "round"))
+    DISTILL_PROBE = ("distill-probe", Party.FEDERATION, ("seed", "round"))
+    # The attacker: the audit and fedsim attack.
+    AUDIT_VICTIMS = ("audit-victims", Party.ATTACKER, ("seed", "round"))
+    ATTACK = ("attack", Party.ATTACKER, ("seed", "round", "partition"))
+    ATTACK_RESTART = ("attack-restart", Party.ATTACKER, ("attack-seed", "restart"))
+    ATTACK_MODEL = ("attack-model", Party.ATTACKER, ("attack-seed",))
+    ATTACK_CODES = ("attack-codes", Party.ATTACKER, ("attack-seed",))
+    LABEL_DUMMIES = ("label-dummies", Party.ATTACKER, ())
+    EXPERIMENT_IMAGES = ("experiment-images", Party.ATTACKER, ("seed",))
+    EXPERIMENT_VICTIM = ("experiment-victim", Party.ATTACKER, ("seed", "batch"))
+
+    def __init__(self, tag: str, party: Party, parts: tuple[str, ...]) -> None:
+        self.tag = tag
+        self.party = party
+        self.parts = parts
+
+    @property
+    def code(self) -> int:
+        """The stream's tag as a 64-bit integer (the first word of the hash)."""
+        return int.from_bytes(hashlib.sha256(self.tag.encode()).digest()[:8], "little")
+
+
+def derive_seed(stream: SeedStream, *parts: int) -> int:
+    """A 63-bit seed for ``stream`` from its ``parts`` (non-negative integers).
+
+    ``parts`` follow ``stream.parts`` (e.g. scenario seed, round, partition).
+    """
+    if len(parts) != len(stream.parts):
+        raise ValueError(f"seed stream {stream.tag!r} takes {stream.parts}, got {parts}")
+    words = np.random.SeedSequence([stream.code, *map(int, parts)]).generate_state(1, np.uint64)
+    return int(words[0]) >> 1
+
+
+def stream_rng(stream: SeedStream, *parts: int) -> np.random.Generator:
+    """A NumPy generator on ``derive_seed(stream, *parts)``."""
+    return np.random.default_rng(derive_seed(stream, *parts))
+
+
+def choose(items: Iterable[int], count: int, stream: SeedStream, *parts: int) -> list[int]:
+    """``count`` of ``items`` drawn without replacement from ``stream``, sorted.
+
+    All of them when ``count`` covers them; the draw depends on the items as a
+    set, not on their order (client sampling, failures and audit victims).
+    """
+    pool = sorted(items)
+    if count >= len(pool):
+        return pool
+    chosen = stream_rng(stream, *parts).choice(pool, count, replace=False)
+    return sorted(int(i) for i in chosen)
