@@ -1,14 +1,15 @@
 """The attack table: {uniform, Xavier normal} x {DLG, SAPAG} x {MNIST, CIFAR-100} at batch 1.
 
-Each cell is one ``fedsim attack`` run (the command users run, so its probes,
-fresh victims and scoring are the ones measured): LeNet-Zhu, ``--images``
+Each cell is one :class:`fedsim.engine.experiment.AttackExperiment` (what
+``fedsim attack`` runs, so its probes, fresh victims and scoring are the ones
+measured): LeNet-Zhu, ``--images``
 real images picked by ``--seed``, a fresh model per image, the attacks'
 paper settings except the step budget and the restarts, which are printed
 with the table. Medians over the images: PSNR (peak 1 on [0, 1] pixels),
 SSIM, label accuracy; seconds per attack is the wall time of a cell divided
 by its images (the images of a cell are attacked as one batched run).
 
-Writes ``attack_tables.csv`` and every cell's ``fedsim attack`` folder (table,
+Writes ``attack_tables.csv`` and every cell's experiment folder (table,
 grid, settings) under ``--out``; prints the markdown table.
 
 Usage: ``python bench/attack_tables.py [--images 8] [--restarts 2]
@@ -23,10 +24,12 @@ import statistics
 import time
 from pathlib import Path
 
-import pandas as pd
-
-from fedsim.cli import main as fedsim
-from fedsim.commands.attack import RESULTS_FILE
+from fedsim.core.config import apply_overrides
+from fedsim.engine.experiment import (
+    AttackExperiment,
+    run_attack_experiment,
+    write_attack_outputs,
+)
 
 DATASETS = {"MNIST": "mnist-embedded", "CIFAR-100": "cifar100-samples"}
 INITS = {"uniform": "uniform", "Xavier normal": "xavier-normal"}
@@ -59,28 +62,31 @@ def main() -> None:
             for attack_name, attack in ATTACKS.items():
                 cell = out / f"{dataset}-{init}-{attack}"
                 start = time.perf_counter()
-                status = fedsim(
-                    [
-                        "attack",
-                        *("--attack", attack, "--dataset", dataset, "--init", init),
-                        *("--model", args.model, "--num-images", str(args.images)),
-                        *("--restarts", str(args.restarts), "--steps", str(steps[attack])),
-                        *("--seed", str(args.seed), "--out", str(cell)),
-                        *(f"--set={p}" for p in args.params),
-                    ]
+                experiment = AttackExperiment(
+                    attack=attack,
+                    params={
+                        **apply_overrides({}, args.params),
+                        "restarts": args.restarts,
+                        "steps": steps[attack],
+                    },
+                    dataset=dataset,
+                    init=init,
+                    model=args.model,
+                    num_images=args.images,
+                    seed=args.seed,
                 )
-                if status:
-                    raise SystemExit(status)
+                outcome = run_attack_experiment(experiment)
                 wall = time.perf_counter() - start
-                table = pd.read_csv(cell / RESULTS_FILE)
+                write_attack_outputs(outcome, cell)
+                table = outcome.rows()
                 rows.append(
                     {
                         "dataset": data_name,
                         "init": init_name,
                         "attack": attack_name,
-                        "psnr": statistics.median(table["psnr"]),
-                        "ssim": statistics.median(table["ssim"]),
-                        "label-acc": statistics.mean(table["label-acc"]),
+                        "psnr": statistics.median(r["psnr"] for r in table),
+                        "ssim": statistics.median(r["ssim"] for r in table),
+                        "label-acc": statistics.mean(r["label-acc"] for r in table),
                         "seconds": wall / len(table),
                         "images": len(table),
                         "restarts": args.restarts,

@@ -27,7 +27,7 @@ from fedsim.attacks.grnn import GRNN, GrnnGenerator, total_variation
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec, SplitNet, build_model
-from fedsim.probe import gradient_probe
+from fedsim.engine.experiment import gradient_probe
 
 MODEL = ModelConfig("lenet5-grnn", "uniform")
 

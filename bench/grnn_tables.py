@@ -39,7 +39,7 @@ from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import label_accuracy, score_reconstruction
 from fedsim.core.models import InputSpec, build_model
-from fedsim.probe import Probe, gradient_probe
+from fedsim.engine.experiment import Probe, gradient_probe
 
 MODEL = ModelConfig("lenet5-grnn", "uniform")
 DATASETS = ("mnist-samples", "cifar100-samples")

@@ -60,7 +60,8 @@ def run_torch() -> dict[str, Any]:
     from fedsim.core.data import load_dataset
     from fedsim.core.models import InputSpec, build_model
     from fedsim.core.partition import partition_dataset
-    from fedsim.core.training import derive_seed, evaluate, train_local
+    from fedsim.core.seeds import SeedStream, derive_seed
+    from fedsim.core.training import evaluate, train_local
 
     torch.set_num_threads(1)  # as each client actor (Ray gives it one CPU)
     scenario = _scenario()
@@ -76,7 +77,7 @@ def run_torch() -> dict[str, Any]:
             model = build_model(scenario.model, spec, seed=0)
             model.load_state_dict(global_state)
             idx = torch.from_numpy(split.train)
-            seed = derive_seed(0, server_round, partition)
+            seed = derive_seed(SeedStream.CLIENT_TRAIN, 0, server_round, partition)
             stats = train_local(
                 model, bundle.train_images[idx], bundle.train_labels[idx], scenario.client, seed
             )
@@ -109,8 +110,11 @@ def run_flower() -> dict[str, Any]:
     from fedsim.core.data import load_dataset
     from fedsim.core.models import InputSpec, build_model
     from fedsim.core.partition import partition_dataset
-    from fedsim.core.training import derive_seed, evaluate, train_local
-    from fedsim.engine.runner import _quiet_logs, backend_config
+    from fedsim.core.seeds import SeedStream, derive_seed
+    from fedsim.core.training import evaluate, train_local
+    from fedsim.engine.failures import HideInjectedFailures
+    from fedsim.engine.flower import quiet_flower
+    from fedsim.engine.runner import backend_config
 
     scenario = _scenario()
 
@@ -131,7 +135,7 @@ def run_flower() -> dict[str, Any]:
         idx = torch.from_numpy(split.train)
         partition = int(context.node_config["partition-id"])
         server_round = msg.content.config_records["config"]["server-round"]
-        seed = derive_seed(0, int(server_round), partition)  # type: ignore[arg-type]
+        seed = derive_seed(SeedStream.CLIENT_TRAIN, 0, int(server_round), partition)  # type: ignore[arg-type]
         stats = train_local(
             model, bundle.train_images[idx], bundle.train_labels[idx], scenario.client, seed
         )
@@ -169,7 +173,7 @@ def run_flower() -> dict[str, Any]:
         ends.append(time.perf_counter())  # round 1 starts after the round-0 evaluation
         strategy.start(grid, initial, num_rounds=ROUNDS, evaluate_fn=evaluate_fn)
 
-    _quiet_logs()
+    quiet_flower(HideInjectedFailures())
     started = time.perf_counter()
     run_simulation(server, client, num_supernodes=CLIENTS, backend_config=backend_config(scenario))
     wall = time.perf_counter() - started
@@ -258,7 +262,7 @@ def profile() -> str:
             capture_output=True,
         )
         server = pstats.Stats(str(server_file))
-    report = _top(server, "server thread, fedsim and flwr frames", "fedsim|strategies|flwr", 25)
+    report = _top(server, "server thread, fedsim and flwr frames", "fedsim|flwr", 25)
     return report + profile_client()
 
 
@@ -266,14 +270,13 @@ def profile_client() -> str:
     """One client's train and evaluate handlers called in process, after a warm-up call."""
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fedsim.clients.app import build_client_app
     from fedsim.core.data import load_dataset
     from fedsim.core.training import client_config_record
+    from fedsim.engine.flower import message_context
     from fedsim.strategies.fedavg import ServerResources
 
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     scenario = _scenario()
     app = build_client_app(scenario, "fedavg")
     context = Context(
@@ -289,7 +292,9 @@ def profile_client() -> str:
 
     def call(kind: str) -> None:
         content = RecordDict({"arrays": arrays, "config": config})
-        app(Message(content=content, dst_node_id=7, message_type=kind), context)
+        with message_context():
+            message = Message(content=content, dst_node_id=7, message_type=kind)
+        app(message, context)
 
     call(MessageType.TRAIN)
     profiler = cProfile.Profile()
@@ -297,9 +302,7 @@ def profile_client() -> str:
         profiler.runcall(call, MessageType.TRAIN)
         profiler.runcall(call, MessageType.EVALUATE)
     stats = pstats.Stats(profiler)
-    return _top(
-        stats, "client handler x3 (train + evaluate)", "fedsim|clients|flwr|torch/optim", 25
-    )
+    return _top(stats, "client handler x3 (train + evaluate)", "fedsim|flwr|torch/optim", 25)
 
 
 def main() -> None:

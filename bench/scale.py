@@ -27,6 +27,7 @@ import threading
 import time
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "scale-1000.toml"
@@ -99,20 +100,20 @@ def child(num_clients: int, rounds: int, report: Path) -> None:
     import pandas as pd
     from rich.console import Console
 
-    import fedsim.strategies.sampling as sampling
+    import fedsim.engine.runner as runner
     from fedsim.core.config import load_scenario
     from fedsim.engine.runner import run_scenario
 
     timings: dict[str, float] = {}
-    discover = sampling.PartitionSampler.discover.__func__  # type: ignore[attr-defined]
+    discover = runner.discover_partitions
 
-    def timed_discover(cls: type, *args: object, **kwargs: object) -> object:
+    def timed_discover(*args: Any, **kwargs: Any) -> dict[int, int]:
         started = time.perf_counter()
-        sampler = discover(cls, *args, **kwargs)
+        mapping = discover(*args, **kwargs)
         timings["discovery_s"] = time.perf_counter() - started
-        return sampler
+        return mapping
 
-    sampling.PartitionSampler.discover = classmethod(timed_discover)  # type: ignore[assignment]
+    runner.discover_partitions = timed_discover  # type: ignore[assignment]
     overrides = [f"federation.num-clients={num_clients}", f"federation.rounds={rounds}"]
     scenario = load_scenario(SCENARIO, overrides)
     cpu = _CpuPerRound()

@@ -30,9 +30,7 @@ def quick_scenario_table() -> dict[str, object]:
 @pytest.fixture
 def message_identity() -> Iterator[None]:
     """Lets a test build Flower ``Message`` objects outside a running simulation."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from fedsim.engine.flower import message_context
 
-    saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+    with message_context():
+        yield

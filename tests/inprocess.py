@@ -10,8 +10,7 @@ exactly the messages a simulated server would, seconds faster than Ray.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim.clients.app import build_client_app
 from fedsim.clients.base import ClientEnv
@@ -28,6 +26,8 @@ from fedsim.core import protocol
 from fedsim.core.config import Scenario, component_params
 from fedsim.core.data import load_dataset
 from fedsim.core.training import client_config_record
+from fedsim.engine.discovery import discover_partitions
+from fedsim.engine.flower import message_context
 from fedsim.engine.loop import RoundRecord, run_rounds
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import ServerResources
@@ -154,20 +154,9 @@ def tiny_table(strategy: dict[str, Any], **tables: dict[str, Any]) -> dict[str, 
     return table
 
 
-@contextmanager
-def server_identity() -> Iterator[None]:
-    """Flower builds server messages only inside a run: play the SuperLink's part."""
-    saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    try:
-        yield
-    finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
 def run_inprocess(scenario: Scenario, state_dir: Path | None = None) -> InProcessRun:
     """Run ``scenario``'s rounds with the real strategy, loop and ClientApp, in process."""
-    with server_identity():
+    with message_context():
         return _run(scenario, state_dir)
 
 
@@ -178,12 +167,8 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     grid = InProcessGrid(
         build_client_app(scenario, strategy_cls.client_routine, state_dir), fed.num_clients
     )
-    sampler = PartitionSampler.discover(
-        grid,  # type: ignore[arg-type]
-        fed.seed,
-        fed.sampled_per_round,
-        fed.evaluate_fraction,
-    )
+    nodes = discover_partitions(grid)  # type: ignore[arg-type]
+    sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
     server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
     strategy = strategy_cls(params, sampler, server)
     run = InProcessRun(strategy, grid, strategy.initial_arrays())

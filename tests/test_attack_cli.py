@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from fedsim.cli import main
-from fedsim.commands.attack import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
+from fedsim.engine.experiment import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
 
 
 def test_attack_command_writes_its_table_grid_and_settings(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioEr
 from fedsim.core.data import Normalization, load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
-from fedsim.probe import Probe, gradient_probe
+from fedsim.engine.experiment import Probe, gradient_probe
 
 LENET = ModelConfig("lenet-zhu", "uniform")
 

@@ -86,12 +86,12 @@ def test_observation_carries_no_ground_truth() -> None:
 
 def test_attack_payload_holds_no_tensor_equal_to_the_truth(tmp_path: Path) -> None:
     """What is shipped to the attack task (pickled Observation) never contains the batch."""
+    from fedsim.clients.replay import ClientReplay
     from fedsim.core.training import client_config_from_record, client_config_record
-    from fedsim.engine.audit.oracle import GroundTruthOracle
 
     scenario = load_scenario(REPO / "scenarios" / "audit-fedavg.toml")
     cfg = client_config_from_record(client_config_record(scenario.client))
-    truth = GroundTruthOracle(scenario, "fedavg", None).update_batch(0, 1, cfg)
+    truth = ClientReplay(scenario, "fedavg", None).update_batch(0, 1, cfg)
     from fedsim.engine.audit.observe import observe_reply  # noqa: F401  (the only builder)
 
     payload = pickle.dumps(_observation_for(scenario))
@@ -118,23 +118,25 @@ def _walk(obj: object) -> list[object]:
 def _observation_for(scenario: object) -> Observation:
     """An update observation built exactly as the auditor does, from a real client step."""
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fedsim.clients.base import ClientEnv
     from fedsim.clients.fedavg import FedAvgClient
-    from fedsim.core.training import client_config_record
-    from fedsim.engine.audit.observe import observe_reply
+    from fedsim.core.training import client_config_from_record, client_config_record
+    from fedsim.engine.audit.observe import ServerView, observe_reply
+    from fedsim.engine.flower import message_context
 
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     env = ClientEnv.create(scenario, 0, RecordDict())  # type: ignore[arg-type]
     sent = ArrayRecord(env.model().state_dict())
     config = ConfigRecord({**client_config_record(env.scenario.client), "server-round": 1})
     arrays, metrics = FedAvgClient().train(env, sent, config)
-    reply = Message(
-        RecordDict({"arrays": arrays, "metrics": MetricRecord({**metrics, "partition-id": 0})}),
-        dst_node_id=0,
-        message_type="train",
+    with message_context():
+        reply = Message(
+            RecordDict({"arrays": arrays, "metrics": MetricRecord({**metrics, "partition-id": 0})}),
+            dst_node_id=0,
+            message_type="train",
+        )
+    view = ServerView(
+        env.scenario.model, env.input_spec, env.bundle.normalization, env.scenario.strategy.name
     )
-    return observe_reply(
-        env.scenario, env.input_spec, env.bundle.normalization, 1, sent, config, reply, "update"
-    )
+    train_config = client_config_from_record(config)
+    return observe_reply(view, 1, sent, config, train_config, reply, "update")

@@ -21,10 +21,10 @@ from fedsim.clients.defences import (
     global_norm,
     protect_upload,
 )
+from fedsim.clients.replay import ClientReplay
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
 from fedsim.core.training import client_config_record
-from fedsim.engine.audit.oracle import GroundTruthOracle
 from fedsim.engine.validate import validate
 
 
@@ -183,7 +183,7 @@ def test_probe_gradient_carries_the_clients_defences() -> None:
     def probe(defences: list[dict[str, Any]]) -> Tensors:
         scenario = _scenario(defences)
         sent = ArrayRecord(ClientEnv.create(scenario, 0, RecordDict()).model().state_dict())
-        oracle = GroundTruthOracle(scenario, "fedavg", None)
+        oracle = ClientReplay(scenario, "fedavg", None)
         return oracle.probe(0, 1, scenario.client, sent, 1)[0]
 
     clean = probe([])

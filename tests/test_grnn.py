@@ -29,7 +29,7 @@ from fedsim.core.config import DataConfig, ModelConfig, ScenarioError, parse_tab
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
-from fedsim.probe import Probe, gradient_probe
+from fedsim.engine.experiment import Probe, gradient_probe
 
 LENET = ModelConfig("lenet5-grnn", "uniform")
 

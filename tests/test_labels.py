@@ -12,7 +12,7 @@ from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import label_accuracy
 from fedsim.core.models import InputSpec, build_model
-from fedsim.probe import Probe, gradient_probe
+from fedsim.engine.experiment import Probe, gradient_probe
 
 CPU = torch.device("cpu")
 

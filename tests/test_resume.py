@@ -22,7 +22,7 @@ import pytest
 import tomli_w
 import torch
 from flwr.app import ArrayRecord
-from inprocess import InProcessGrid, server_identity, tiny_table
+from inprocess import InProcessGrid, tiny_table
 from rich.console import Console
 
 from fedsim.cli import main as cli_main
@@ -39,6 +39,7 @@ from fedsim.engine.checkpoint import (
     restore_client_state,
     restore_rng,
 )
+from fedsim.engine.flower import message_context
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import (
     CHECKPOINT_DIR,
@@ -167,7 +168,7 @@ def serve_in_process(
     grid = InProcessGrid(app, scenario.federation.num_clients)
     recorder = RunRecorder(run_dir, scenario.federation.rounds, QUIET)
     callbacks = (CrashAt(crash_at),) if crash_at else ()
-    with server_identity():
+    with message_context():
         return serve(grid, scenario, recorder, QUIET, callbacks, resume)  # type: ignore[arg-type]
 
 

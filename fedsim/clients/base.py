@@ -101,7 +101,7 @@ class ClientRoutine:
         model = self.build(env, arrays)
         images, labels = env.train_data
         cfg = client_config_from_record(config)
-        server_round = int(config[protocol.SERVER_ROUND])  # type: ignore[arg-type]
+        server_round = protocol.read_int(config, protocol.SERVER_ROUND)
         stats = train_local(
             model,
             images,

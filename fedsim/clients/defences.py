@@ -393,7 +393,7 @@ def train_defended(
     chain = defence_chain(env.scenario)
     if not chain:
         return routine.train(env, sent, config)
-    server_round = int(config[protocol.SERVER_ROUND])  # type: ignore[arg-type]
+    server_round = protocol.read_int(config, protocol.SERVER_ROUND)
     hooks = [h for h in (d.training(env, server_round) for d in chain) if h is not None]
     token = TRAINING_HOOK.set(hooks[0] if hooks else None)
     try:

@@ -142,7 +142,7 @@ class FedCGClient(FedSplitClient):
         net = cast(GanSplitNet, self.build(env, arrays))
         images, labels = env.train_data
         cfg = client_config_from_record(config)
-        server_round = int(config[protocol.SERVER_ROUND])  # type: ignore[arg-type]
+        server_round = protocol.read_int(config, protocol.SERVER_ROUND)
         global_generator = copy.deepcopy(net.generator).eval().requires_grad_(False)
         stats = train_local(
             net,
@@ -150,7 +150,9 @@ class FedCGClient(FedSplitClient):
             labels,
             cfg,
             env.seed(server_round),
-            loss_fn=task_loss(net, global_generator, float(config[protocol.FEDCG_GAMMA])),  # type: ignore[arg-type]
+            loss_fn=task_loss(
+                net, global_generator, protocol.read_float(config, protocol.FEDCG_GAMMA)
+            ),
             parameters=[*net.extractor.parameters(), *net.classifier.parameters()],
         )
         gan_steps = int(config.get(protocol.FEDCG_GAN_STEPS, 0))  # type: ignore[arg-type]
@@ -163,7 +165,7 @@ class FedCGClient(FedSplitClient):
             derive_seed(
                 SeedStream.FEDCG_GAN, env.scenario.federation.seed, server_round, env.partition_id
             ),
-            float(config[protocol.FEDCG_DIVERSITY]),  # type: ignore[arg-type]
+            protocol.read_float(config, protocol.FEDCG_DIVERSITY),
         )
         metrics = {
             protocol.TRAIN_LOSS: stats.mean_loss,

@@ -36,4 +36,4 @@ class FedProxClient(ClientRoutine):
 
     def loss(self, model: SplitNet, config: ConfigRecord) -> LossFn:
         # Called on the freshly loaded global model, so it anchors at w_global.
-        return proximal_loss(model, float(config[protocol.PROXIMAL_MU]))  # type: ignore[arg-type]
+        return proximal_loss(model, protocol.read_float(config, protocol.PROXIMAL_MU))

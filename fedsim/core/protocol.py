@@ -82,6 +82,16 @@ PHASE = "phase"
 FAILURE_KIND = "failure"  # "error" or "timeout" for a client that did not reply
 
 
+def read_int(record: Mapping[str, Any], key: str) -> int:
+    """``record[key]`` (a Flower config or metric record) as an ``int``."""
+    return int(record[key])
+
+
+def read_float(record: Mapping[str, Any], key: str) -> float:
+    """``record[key]`` (a Flower config or metric record) as a ``float``."""
+    return float(record[key])
+
+
 def kebab(name: str) -> str:
     """A Python field name as a file key: ``label_acc`` -> ``label-acc``."""
     return name.replace("_", "-")

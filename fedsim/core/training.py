@@ -47,6 +47,13 @@ def client_config_from_record(record: Any) -> ClientConfig:
     return parse_table(ClientConfig, {k: record[k] for k in keys if k in record}, "client")
 
 
+def examples_touched(num_examples: int, cfg: ClientConfig) -> int:
+    """How many distinct examples one round of local training touches (public: from the config)."""
+    if cfg.local_steps:
+        return min(num_examples, cfg.batch_size * cfg.local_steps)
+    return num_examples
+
+
 def make_optimizer(params: Any, cfg: ClientConfig) -> torch.optim.Optimizer:
     """The optimiser the client config names."""
     if cfg.optimizer == "sgd":

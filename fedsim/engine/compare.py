@@ -15,7 +15,7 @@ Spec (TOML)::
     overrides = { federation.rounds = 5 }   # changes to the base for every configuration
     seeds = [0, 1]
     parallel = 1                 # runs at once; > 1: each run in its own process and Ray
-    accuracy = "auto"            # or protocol.TEST_ACC / protocol.CLIENT_EVAL_ACC for every row
+    accuracy = "auto"            # or "test-acc" / "client-eval-acc" for every row
 
     [[strategies]]               # default: the base's strategy
     label = "FedAvg"
@@ -79,8 +79,8 @@ from fedsim.core.config import (
     scenario_from_dict,
     scenario_to_dict,
 )
-from fedsim.engine.audit.auditor import AUDIT_FILE
-from fedsim.engine.results import METRICS_FILE, SUMMARY_FILE
+from fedsim.core.protocol import AuditRecord
+from fedsim.engine.results import AUDIT_FILE, METRICS_FILE, SUMMARY_FILE
 from fedsim.engine.validate import check_components, check_machine
 
 RUNS_DIR = "runs"
@@ -121,7 +121,7 @@ class CompareSpec:
     description: str = ""
     seeds: tuple[int, ...] = (0,)
     parallel: int = 1
-    accuracy: Literal["auto", protocol.TEST_ACC, protocol.CLIENT_EVAL_ACC] = "auto"
+    accuracy: Literal["auto", "test-acc", "client-eval-acc"] = "auto"
     overrides: dict[str, Any] = field(default_factory=dict)
     strategies: tuple[StrategyEntry, ...] = (StrategyEntry(),)
     defences: tuple[DefenceEntry, ...] = (DefenceEntry(label="none"),)
@@ -379,24 +379,25 @@ def run_results(config: Configuration, run_dir: Path, accuracy: str) -> list[dic
         "accuracy-from": source,
         "epsilon": float(last.get(protocol.DP_EPSILON, math.nan)),
         "rounds": len(metrics),
-        "seconds": float(metrics["seconds"].sum()),
+        "seconds": float(metrics[protocol.SECONDS].sum()),
         "run": str(run_dir.relative_to(run_dir.parents[2])),  # relative to the sweep
     }
     audit_file = run_dir / AUDIT_FILE
     if not audit_file.is_file():
         return [{**row, "attack": "", "psnr": math.nan, "ssim": math.nan, "label-acc": math.nan}]
     audit = pd.read_csv(audit_file)
+    col = AuditRecord.column
     return [
         {
             **row,
             "attack": attack,
-            "threat-model": "/".join(sorted(set(group["threat-model"]))),
+            "threat-model": "/".join(sorted(set(group[col("threat_model")]))),
             "audited": len(group),
-            "psnr": _finite_mean(group["psnr"]),
-            "ssim": float(group["ssim"].mean()),
-            "label-acc": float(group["label-acc"].mean()),
+            "psnr": _finite_mean(group[col("psnr")]),
+            "ssim": float(group[col("ssim")].mean()),
+            "label-acc": float(group[col("label_acc")].mean()),
         }
-        for attack, group in audit.groupby("attack", sort=False)
+        for attack, group in audit.groupby(col("attack"), sort=False)
     ]
 
 

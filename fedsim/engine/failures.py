@@ -113,7 +113,9 @@ def inject_failures(msg: Message, context: Context, call_next: ClientAppCallable
     if failure is None:
         return call_next(msg, context)
     if failure["kind"] == "timeout":
-        time.sleep(max(0.0, float(failure["deadline"]) - time.time()) + STRAGGLER_GRACE_S)  # type: ignore[arg-type]
+        time.sleep(
+            max(0.0, protocol.read_float(failure, "deadline") - time.time()) + STRAGGLER_GRACE_S
+        )
     raise InjectedFailure(f"{_MARKER} ({failure['kind']!s})")
 
 

@@ -30,6 +30,8 @@ CLIENTS_FILE = "clients.csv"
 SCENARIO_FILE = "scenario.toml"
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.md"
+AUDIT_FILE = "audit.csv"  # one row per attack (fedsim.core.protocol.AuditRecord)
+AUDIT_IMAGES = "audit"  # truth above reconstruction, one PNG per attack
 CLIENT_STATE_DIR = "client_state"  # client-private files; never read by the server
 CHECKPOINT_DIR = "checkpoint"
 

@@ -5,24 +5,27 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
 from fedsim.clients.app import build_client_app
+from fedsim.clients.replay import ClientReplay
 from fedsim.core.config import Scenario, component_params
 from fedsim.core.data import load_dataset
+from fedsim.core.models import InputSpec
 from fedsim.core.training import client_config_record, pick_device
 from fedsim.engine.audit.auditor import AUDIT_RESOURCE, Auditor
+from fedsim.engine.audit.observe import ServerView
 from fedsim.engine.audit.wrapper import AuditedStrategy
 from fedsim.engine.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
+from fedsim.engine.discovery import discover_partitions
 from fedsim.engine.failures import FailurePlan, HideInjectedFailures, check_failures
+from fedsim.engine.flower import quiet_flower, waiting_nodes_polling
 from fedsim.engine.loop import RoundCallback, run_rounds
 from fedsim.engine.results import (
     CLIENT_STATE_DIR,
@@ -75,60 +78,6 @@ def backend_config(scenario: Scenario) -> dict[str, Any]:
     }
 
 
-def _queue_waiting_messages(
-    state: Any,
-    queue: queue.Queue[Message],  # named as in Flower, whose signature it replaces
-    nodes_mapping: dict[int, int],
-    f_stop: threading.Event,
-) -> None:
-    """Flower's ``vce_api.add_messages_to_queue``, asking only nodes that have a message.
-
-    Flower's loop asks every node for a message ten times a second, and each
-    ask scans the whole message store under the state's lock: 20 ms a sweep at
-    1,000 clients, so a round cost more server CPU the more clients existed,
-    sampled or not. One pass over the store finds the nodes with an
-    undelivered message; they are asked in the same order, one message each.
-    """
-    while not f_stop.is_set():
-        with state.lock:
-            waiting = {
-                m.metadata.dst_node_id
-                for m in state.message_ins_store.values()
-                if m.metadata.delivered_at == ""
-            }
-        for node_id in nodes_mapping:
-            if node_id in waiting:
-                for message in state.get_message_ins(node_id=node_id, limit=1):
-                    queue.put(message)
-        f_stop.wait(0.1)
-
-
-def _poll_only_waiting_nodes() -> None:
-    # Written against flwr 1.42.0's simulation engine and its in-memory state;
-    # other versions keep Flower's own loop.
-    import flwr
-    from flwr.server.superlink.fleet.vce import vce_api
-
-    if flwr.__version__ == "1.42.0":
-        vce_api.add_messages_to_queue = _queue_waiting_messages
-
-
-def _quiet_logs() -> None:
-    # Flower logs every phase at INFO; the run prints its own per-round lines.
-    # run_simulation's deprecation notice is the one warning users cannot act on.
-    flwr_logger = logging.getLogger("flwr")
-    flwr_logger.setLevel(logging.ERROR)
-    if not any(isinstance(f, HideInjectedFailures) for f in flwr_logger.filters):
-        flwr_logger.addFilter(HideInjectedFailures())
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    # A stale address file makes ray.init() retry a dead cluster.
-    stale = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
-    if stale.exists() and not os.environ.get("RAY_ADDRESS"):
-        stale.unlink(missing_ok=True)
-
-
 def serve(
     grid: Grid,
     scenario: Scenario,
@@ -146,22 +95,25 @@ def serve(
     server = ServerResources(
         scenario, load_dataset(scenario.data), pick_device(scenario.backend.num_gpus > 0)
     )
-    sampler = PartitionSampler.discover(
-        grid,
-        fed.seed,
-        fed.sampled_per_round,
-        fed.evaluate_fraction,
-        expected=fed.num_clients,
-        probes=2 * actor_count(scenario),
-    )
+    nodes = discover_partitions(grid, expected=fed.num_clients, probes=2 * actor_count(scenario))
+    sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
     strategy = strategy_cls(
         component_params(strategy_cls, scenario.strategy, "strategy"), sampler, server
     )
     observers: tuple[Auditor, ...] = ()
     if scenario.audit.enabled:
-        auditor = Auditor(
-            scenario, server.bundle, strategy_cls.client_routine, recorder.run_dir, console
+        bundle = server.bundle
+        view = ServerView(
+            scenario.model,
+            InputSpec(bundle.channels, bundle.image_size, bundle.num_classes),
+            bundle.normalization,
+            scenario.strategy.name,
         )
+        # The harness knows the clients: it gives the scorer its truth source.
+        truth = ClientReplay(
+            scenario, strategy_cls.client_routine, recorder.run_dir / CLIENT_STATE_DIR
+        )
+        auditor = Auditor(scenario.audit, view, truth, recorder.run_dir, console)
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
     components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
     checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, components)
@@ -232,20 +184,20 @@ def run_scenario(
             raise
 
     client_app = build_client_app(scenario, strategy_cls.client_routine, run_dir / CLIENT_STATE_DIR)
-    _quiet_logs()
-    _poll_only_waiting_nodes()
+    quiet_flower(HideInjectedFailures())
     console.print(
         f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
         f"{scenario.data.dataset}, {fed.num_clients} clients "
         f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
         + (f" (resuming after round {resume.round})" if resume is not None else "")
     )
-    run_simulation(
-        server_app=server_app,
-        client_app=client_app,
-        num_supernodes=fed.num_clients,
-        backend_config=backend_config(scenario),
-    )
+    with waiting_nodes_polling():
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=fed.num_clients,
+            backend_config=backend_config(scenario),
+        )
     if outcome.empty():
         raise RuntimeError("the simulation ended without a result; see the log above")
     result = outcome.get()

@@ -36,7 +36,7 @@ def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord
     weight_sum = 0.0
     for record in records:
         metrics = record[protocol.METRICS]
-        weight = float(metrics[weight_key])  # type: ignore[arg-type]
+        weight = protocol.read_float(metrics, weight_key)
         weight_sum += weight
         for key, value in metrics.items():
             if key in (weight_key, protocol.PARTITION_ID) or not isinstance(value, int | float):

@@ -151,7 +151,7 @@ class FedCG(FedSplit):
         if arrays is None or metrics is None:
             return arrays, metrics
         contents = [r.content for r in replies if not r.has_error()]
-        sizes = [float(c[protocol.METRICS][protocol.NUM_EXAMPLES]) for c in contents]  # type: ignore[arg-type]
+        sizes = [protocol.read_float(c[protocol.METRICS], protocol.NUM_EXAMPLES) for c in contents]
         teachers = [
             Teacher(n / sum(sizes), self.network(c[protocol.ARRAYS]))  # type: ignore[arg-type]
             for n, c in zip(sizes, contents, strict=True)

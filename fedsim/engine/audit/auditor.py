@@ -31,19 +31,16 @@ from torchvision.utils import make_grid, save_image
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.core import protocol
-from fedsim.core.config import ComponentConfig, Scenario, component_params
-from fedsim.core.data import DatasetBundle
+from fedsim.core.config import AuditConfig, ComponentConfig, component_params
 from fedsim.core.metrics import score_reconstruction
-from fedsim.core.models import InputSpec
+from fedsim.core.protocol import AuditRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
-from fedsim.core.training import client_config_from_record
-from fedsim.engine.audit.observe import images_in_update, observe_reply
-from fedsim.engine.audit.oracle import GroundTruth, GroundTruthOracle
+from fedsim.core.training import client_config_from_record, examples_touched
+from fedsim.core.truth import GroundTruth, TruthSource
+from fedsim.engine.audit.observe import ServerView, observe_reply
 from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import write_csv_atomic
+from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, write_csv_atomic
 
-AUDIT_FILE = "audit.csv"
-AUDIT_IMAGES = "audit"
 AUDIT_RESOURCE = "audit"
 
 
@@ -67,7 +64,7 @@ class _Job:
     client: int
     attack: ComponentConfig
     observation: Observation
-    truth: GroundTruth
+    truth: GroundTruth | None
     submitted: float
 
 
@@ -76,17 +73,22 @@ class Auditor:
 
     def __init__(
         self,
-        scenario: Scenario,
-        bundle: DatasetBundle,
-        routine_name: str,
+        cfg: AuditConfig,
+        view: ServerView,
+        truth: TruthSource | None,
         run_dir: Path,
         console: Console,
     ) -> None:
-        self.scenario = scenario
-        self.cfg = scenario.audit
-        self.bundle = bundle
-        self.spec = InputSpec(bundle.channels, bundle.image_size, bundle.num_classes)
-        self.oracle = GroundTruthOracle(scenario, routine_name, run_dir / "client_state")
+        """``truth``: where the scorer learns what victims trained on (from the
+        harness, which knows the clients); without one, reconstructions are
+        recorded unscored and the ``probe`` threat model is unavailable."""
+        if truth is None and cfg.threat_model == "probe":
+            raise ValueError(
+                "the probe threat model computes client gradients: it needs a truth source"
+            )
+        self.cfg = cfg
+        self.view = view
+        self.truth = truth
         self.run_dir = run_dir
         self.console = console
         self.device = "cuda" if self.cfg.num_gpus > 0 else "cpu"
@@ -116,19 +118,22 @@ class Auditor:
     ) -> None:
         if not self.cfg.audits_round(server_round):
             return
-        by_partition = {int(r.content[protocol.METRICS][protocol.PARTITION_ID]): r for r in replies}  # type: ignore[arg-type]
+        by_partition = {
+            protocol.read_int(r.content[protocol.METRICS], protocol.PARTITION_ID): r
+            for r in replies
+        }
         cfg = client_config_from_record(sent_config)
         for partition in self.victims(server_round, list(by_partition)):
             reply = by_partition[partition]
             probe, truth = None, None
             if self.cfg.threat_model == "probe":
-                probe, truth = self.oracle.probe(
+                assert self.truth is not None  # checked in __init__
+                probe, truth = self.truth.probe(
                     partition, server_round, cfg, sent_arrays, self.cfg.probe_batch_size
                 )
             else:
-                count = images_in_update(
-                    int(reply.content[protocol.METRICS][protocol.NUM_EXAMPLES]), cfg
-                )  # type: ignore[arg-type]
+                metrics = reply.content[protocol.METRICS]
+                count = examples_touched(protocol.read_int(metrics, protocol.NUM_EXAMPLES), cfg)
                 if count > self.cfg.max_images:
                     self.console.print(
                         f"  audit round {server_round}: client {partition} trained on {count} "
@@ -136,14 +141,14 @@ class Auditor:
                         'client.local-steps with a small batch, or threat-model = "probe".'
                     )
                     continue
-                truth = self.oracle.update_batch(partition, server_round, cfg)
+                if self.truth is not None:
+                    truth = self.truth.update_batch(partition, server_round, cfg)
             observation = observe_reply(
-                self.scenario,
-                self.spec,
-                self.bundle.normalization,
+                self.view,
                 server_round,
                 sent_arrays,
                 sent_config,
+                cfg,
                 reply,
                 self.cfg.threat_model,
                 probe,
@@ -201,43 +206,52 @@ class Auditor:
             self._record(job, ray.get(ref))
 
     def _record(self, job: _Job, rec: Reconstruction) -> None:
-        score = score_reconstruction(rec.images, job.truth.images, rec.labels, job.truth.labels)
         obs = job.observation
-        row = {
-            "round": job.round,
-            "client": job.client,
-            "strategy": obs.strategy,
-            "attack": job.attack.name,
-            "threat-model": obs.threat_model,
-            "shared-kind": obs.shared_kind,
-            "parameters-observed": sum(t.numel() for t in obs.shared.values()),
-            "tensors-observed": len(obs.shared),
-            "batch-size": len(job.truth.labels),
-            "psnr": score.psnr,
-            "ssim": score.ssim,
-            "mse": score.mse,
-            "label-acc": score.label_accuracy,
-            "iterations": rec.iterations,
-            "restarts": rec.restarts,
-            "final-objective": rec.final_objective,
-            "seconds": rec.seconds,
-            "wall-seconds": time.perf_counter() - job.submitted,
-            "attack-params": repr(job.attack.params),
-        }
+        truth = job.truth
+        score = None
+        if truth is not None:
+            score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
+        record = AuditRecord(
+            round=job.round,
+            client=job.client,
+            strategy=obs.strategy,
+            attack=job.attack.name,
+            threat_model=obs.threat_model,
+            shared_kind=obs.shared_kind,
+            parameters_observed=sum(t.numel() for t in obs.shared.values()),
+            tensors_observed=len(obs.shared),
+            batch_size=obs.num_examples,
+            psnr=score.psnr if score else math.nan,
+            ssim=score.ssim if score else math.nan,
+            mse=score.mse if score else math.nan,
+            label_acc=score.label_accuracy if score else math.nan,
+            iterations=rec.iterations,
+            restarts=rec.restarts,
+            final_objective=rec.final_objective,
+            seconds=rec.seconds,
+            wall_seconds=time.perf_counter() - job.submitted,
+            attack_params=repr(job.attack.params),
+        )
         folder = self.run_dir / AUDIT_IMAGES
         folder.mkdir(exist_ok=True)
-        matched = rec.images.detach().cpu().clamp(0, 1)[list(score.assignment)]
-        grid = make_grid(torch.cat([job.truth.images, matched]), nrow=len(job.truth.labels))
+        images = rec.images.detach().cpu().clamp(0, 1)
+        if truth is not None and score is not None:
+            images = torch.cat([truth.images, images[list(score.assignment)]])
+        grid = make_grid(images, nrow=obs.num_examples)
         save_image(
             grid, folder / f"round-{job.round:03d}-client-{job.client}-{job.attack.name}.png"
         )
         with self._lock:
-            self.rows.append(row)
+            self.rows.append(record.to_row())
             self._write_rows()
+        scored = (
+            f"PSNR {record.psnr:.2f} dB, SSIM {record.ssim:.3f}, labels {record.label_acc:.0%}"
+            if score
+            else "unscored (no truth source)"
+        )
         self.console.print(
             f"  audit round {job.round}: {job.attack.name} on client {job.client} "
-            f"({obs.threat_model}): PSNR {score.psnr:.2f} dB, SSIM {score.ssim:.3f}, "
-            f"labels {score.label_accuracy:.0%} ({row['seconds']:.1f}s)"
+            f"({obs.threat_model}): {scored} ({record.seconds:.1f}s)"
         )
 
     # -- loop hooks --------------------------------------------------------------
@@ -246,14 +260,15 @@ class Auditor:
         """Sync mode: finish this round's attacks; add their means to the round."""
         if self.cfg.mode == "sync":
             self._collect(timeout=None, only_round=record.round)
-            rows = [r for r in self.rows if r["round"] == record.round]
+            col = AuditRecord.column
+            rows = [r for r in self.rows if r[col("round")] == record.round]
             if rows:
-                finite = [r["psnr"] for r in rows if math.isfinite(r["psnr"])]
-                record.server[protocol.AUDIT_PSNR] = float(np.mean(finite)) if finite else math.inf
-                record.server[protocol.AUDIT_SSIM] = float(np.mean([r["ssim"] for r in rows]))
-                record.server[protocol.AUDIT_LABEL_ACC] = float(
-                    np.mean([r["label-acc"] for r in rows])
-                )
+                psnr = [r[col("psnr")] for r in rows if math.isfinite(r[col("psnr")])]
+                record.server[protocol.AUDIT_PSNR] = float(np.mean(psnr)) if psnr else math.inf
+                ssim = [r[col("ssim")] for r in rows]
+                record.server[protocol.AUDIT_SSIM] = float(np.mean(ssim))
+                labels = [r[col("label_acc")] for r in rows]
+                record.server[protocol.AUDIT_LABEL_ACC] = float(np.mean(labels))
 
     # -- checkpointing (fedsim.engine.checkpoint.Checkpointable) ------------------------
 
@@ -272,7 +287,8 @@ class Auditor:
                 self._write_rows()
 
     def _write_rows(self) -> None:
-        rows = sorted(self.rows, key=lambda r: (r["round"], r["client"], r["attack"]))
+        order = [AuditRecord.column(c) for c in ("round", "client", "attack")]
+        rows = sorted(self.rows, key=lambda r: tuple(r[c] for c in order))
         write_csv_atomic(rows, self.run_dir / AUDIT_FILE)
 
     def finish(self) -> None:

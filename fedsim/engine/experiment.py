@@ -1,0 +1,341 @@
+"""The attack experiment: invert the gradients of real images under fresh victim models.
+
+``fedsim attack`` is a thin face over this module; benches and notebooks use
+it directly::
+
+    experiment = AttackExperiment(attack="dlg", dataset="cifar100-samples", num_images=8)
+    outcome = run_attack_experiment(experiment)
+    write_attack_outputs(outcome, Path("runs/my-attack"))
+
+It picks ``num_images`` images of a dataset (seeded), splits them into
+batches of ``batch_size``, and for each batch builds a fresh victim model
+(``init``, its own seed per batch) and the gradient probe the server would
+see (:func:`gradient_probe`). The attack gets only the probe's
+:class:`~fedsim.attacks.base.Observation`; the probe's
+:class:`~fedsim.core.truth.GroundTruth` meets the reconstruction only in
+:func:`fedsim.core.metrics.score_reconstruction`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import tomli_w
+import torch
+from torch import nn
+
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
+from fedsim.core.config import (
+    ClientConfig,
+    DataConfig,
+    ModelConfig,
+    lookup,
+    parse_table,
+    require,
+    to_table,
+)
+from fedsim.core.data import DATASETS, DatasetBundle, Normalization, load_dataset
+from fedsim.core.metrics import ReconstructionScore, score_reconstruction
+from fedsim.core.models import INITS, MODELS, InputSpec, build_model
+from fedsim.core.protocol import kebab
+from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.truth import GroundTruth, probe_gradient
+
+RESULTS_FILE = "results.csv"
+GRID_FILE = "grid.png"
+SETTINGS_FILE = "attack.toml"
+CLASSLESS_DEFAULT = 10
+"""Output size for a dataset without classes (lfw-faces): every image is class 0 of 10."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An observation for the attack and, kept apart, the truth for the scorer."""
+
+    observation: Observation
+    truth: GroundTruth
+
+
+def gradient_probe(
+    model: nn.Module,
+    model_config: ModelConfig,
+    input_spec: InputSpec,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    normalization: Normalization,
+    *,
+    shared_names: Sequence[str] | None = None,
+    shared_kind: SharedKind = "gradient",
+    train_config: ClientConfig | None = None,
+    round: int = 0,
+    client_id: int = 0,
+    strategy: str = "fedavg",
+) -> Probe:
+    """Observe the gradient of ``(inputs, labels)`` at ``model``'s current weights.
+
+    Parameters
+    ----------
+    model:
+        The global model the server sent (left unchanged; evaluated in eval
+        mode, as the attacker's copy is).
+    inputs:
+        One batch in model-input space (as a :class:`~fedsim.core.data.DatasetBundle` holds it).
+    shared_names:
+        Parameters the server receives (default: all of them).
+    shared_kind:
+        ``gradient`` shares ``dL/dtheta``; ``update`` shares the parameters
+        after one SGD step of ``train_config.lr`` on this batch (FedSGD), so
+        the observation's config says one local step on a batch of this size.
+    """
+    params = dict(model.named_parameters())
+    names = list(shared_names) if shared_names is not None else list(params)
+    gradient = {n: g.cpu() for n, g in probe_gradient(model, inputs, labels, names).items()}
+    global_params = {n: p.detach().cpu().clone() for n, p in params.items()}
+    config = dataclasses.replace(
+        train_config or ClientConfig(), local_steps=1, batch_size=len(inputs)
+    )
+    shared = gradient
+    if shared_kind == "update":
+        shared = {n: global_params[n] - config.lr * g for n, g in gradient.items()}
+    observation = Observation(
+        round=round,
+        client_id=client_id,
+        threat_model="probe",
+        shared_kind=shared_kind,
+        shared=shared,
+        global_params=global_params,
+        model=model_config,
+        input_spec=input_spec,
+        normalization=normalization,
+        train_config=config,
+        num_examples=len(inputs),
+        strategy=strategy,
+    )
+    truth = GroundTruth(normalization.to_pixels(inputs.detach().cpu()).clamp(0, 1), labels.cpu())
+    return Probe(observation, truth)
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@dataclass(frozen=True)
+class AttackExperiment:
+    """One ``fedsim attack`` run. Errors name the fields as the command's flags.
+
+    ``params`` is the attack's parameter table (kebab-case keys, validated
+    against the attack's ``Params``); ``parallel`` batches are optimised
+    together; ``threads`` sets PyTorch's CPU threads (0 = its default).
+    """
+
+    attack: str = "dlg"
+    params: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "cifar100-samples"
+    model: str = "lenet-zhu"
+    init: str = "uniform"
+    batch_size: int = 1
+    num_images: int = 8
+    seed: int = 0
+    shared: SharedKind = "gradient"
+    channels: Literal["native", "gray", "rgb"] = "native"
+    image_size: int = 32
+    num_classes: int | None = None
+    parallel: int = 8
+    device: str = "auto"
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
+        require(
+            self.num_images >= 1 and self.num_images % self.batch_size == 0,
+            "--num-images",
+            self.num_images,
+            f"must be a positive multiple of --batch-size ({self.batch_size})",
+        )
+        require(self.seed >= 0, "--seed", self.seed, "must be >= 0")
+        require(self.parallel >= 1, "--parallel", self.parallel, "must be >= 1")
+        require(self.threads >= 0, "--threads", self.threads, "must be >= 0")
+        lookup(DATASETS, self.dataset, "--dataset")
+        lookup(MODELS, self.model, "--model")
+        lookup(INITS, self.init, "--init")
+        self.attack_params()  # validated up front
+
+    def attack_params(self) -> Any:
+        """The attack's frozen ``Params`` from :attr:`params`."""
+        return parse_table(lookup(ATTACKS, self.attack, "--attack").Params, self.params, "attack")
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting, the attack's defaults filled in (what ``attack.toml`` holds)."""
+        run = {kebab(k): v for k, v in dataclasses.asdict(self).items() if v is not None}
+        run.pop("params")
+        return {"run": run, "params": to_table(self.attack_params())}
+
+
+@dataclass
+class AttackOutcome:
+    """What an experiment produced: per batch its probe, reconstruction and score."""
+
+    experiment: AttackExperiment
+    images: list[list[int]]  # dataset indices of each batch
+    probes: list[Probe]
+    reconstructions: list[Reconstruction]
+    scores: list[ReconstructionScore]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row a batch: ``results.csv``'s columns."""
+        return [
+            {
+                "batch": b,
+                "images": " ".join(map(str, idx)),
+                "labels": " ".join(str(int(v)) for v in probe.truth.labels),
+                "predicted": " ".join(str(int(v)) for v in rec.labels),
+                "psnr": score.psnr,
+                "ssim": score.ssim,
+                "mse": score.mse,
+                "label-acc": score.label_accuracy,
+                "final-objective": rec.final_objective,
+                "seconds": rec.seconds,
+                "restarts": rec.restarts,
+                "steps": rec.iterations,
+            }
+            for b, (idx, probe, rec, score) in enumerate(
+                zip(self.images, self.probes, self.reconstructions, self.scores, strict=True)
+            )
+        ]
+
+    def medians(self) -> dict[str, float]:
+        """Median PSNR, SSIM, label accuracy and seconds over the batches."""
+        return {
+            "psnr": float(np.median([s.psnr for s in self.scores])),
+            "ssim": float(np.median([s.ssim for s in self.scores])),
+            "label-acc": float(np.median([s.label_accuracy for s in self.scores])),
+            "seconds": float(np.median([r.seconds for r in self.reconstructions])),
+        }
+
+
+def _victim_data(experiment: AttackExperiment) -> tuple[DatasetBundle, int]:
+    data = load_dataset(
+        DataConfig(
+            dataset=experiment.dataset,
+            channels=experiment.channels,
+            image_size=experiment.image_size,
+        )
+    )
+    classes = experiment.num_classes or (
+        data.num_classes if data.num_classes > 1 else CLASSLESS_DEFAULT
+    )
+    require(
+        classes >= data.num_classes,
+        "--num-classes",
+        classes,
+        f"must be >= the dataset's {data.num_classes} classes",
+    )
+    require(
+        experiment.num_images <= len(data.test_images),
+        "--num-images",
+        experiment.num_images,
+        f"must be <= the {len(data.test_images)} images of {experiment.dataset}",
+    )
+    return data, classes
+
+
+def experiment_probes(experiment: AttackExperiment) -> tuple[list[Probe], list[list[int]]]:
+    """One gradient probe per batch, each under its own fresh victim model."""
+    data, classes = _victim_data(experiment)
+    gen = torch.Generator().manual_seed(derive_seed(SeedStream.EXPERIMENT_IMAGES, experiment.seed))
+    picked = torch.randperm(len(data.test_images), generator=gen)[: experiment.num_images]
+    spec = InputSpec(data.channels, data.image_size, classes)
+    model_cfg = ModelConfig(experiment.model, experiment.init)
+    probes, batches = [], []
+    for b, idx in enumerate(picked.split(experiment.batch_size)):
+        seed = derive_seed(SeedStream.EXPERIMENT_VICTIM, experiment.seed, b)
+        model = build_model(model_cfg, spec, seed=seed)
+        probes.append(
+            gradient_probe(
+                model,
+                model_cfg,
+                spec,
+                data.test_images[idx],
+                data.test_labels[idx],
+                data.normalization,
+                shared_kind=experiment.shared,
+                client_id=b,
+            )
+        )
+        batches.append([int(i) for i in idx])
+    return probes, batches
+
+
+def run_attack_experiment(experiment: AttackExperiment) -> AttackOutcome:
+    """Probe, attack (``parallel`` batches at a time) and score every batch."""
+    attack_cls = lookup(ATTACKS, experiment.attack, "--attack")
+    attack: Attack = attack_cls(experiment.attack_params(), device=pick_device(experiment.device))
+    probes, batches = experiment_probes(experiment)
+    seed = derive_seed(SeedStream.ATTACK, experiment.seed, 0, 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(experiment.threads or threads)
+    try:
+        recs: list[Reconstruction] = []
+        for first in range(0, len(probes), experiment.parallel):
+            chunk = [p.observation for p in probes[first : first + experiment.parallel]]
+            recs += attack.reconstruct_many(chunk, seed=seed)
+    finally:
+        torch.set_num_threads(threads)
+    scores = [
+        score_reconstruction(rec.images, probe.truth.images, rec.labels, probe.truth.labels)
+        for probe, rec in zip(probes, recs, strict=True)
+    ]
+    return AttackOutcome(experiment, batches, probes, recs, scores)
+
+
+def write_attack_outputs(outcome: AttackOutcome, out: Path) -> None:
+    """``results.csv``, ``attack.toml`` (every setting) and ``grid.png`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = outcome.rows()
+    with open(out / RESULTS_FILE, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / SETTINGS_FILE).write_text(tomli_w.dumps(outcome.experiment.settings()))
+    pairs = [
+        (truth, rec.images[list(score.assignment)][i], score.per_image_psnr[i])
+        for probe, rec, score in zip(
+            outcome.probes, outcome.reconstructions, outcome.scores, strict=True
+        )
+        for i, truth in enumerate(probe.truth.images)
+    ]
+    draw_pairs(out / GRID_FILE, pairs)
+
+
+def draw_pairs(path: Path, pairs: Sequence[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+    """Each true image above its matched reconstruction (titled with its PSNR), eight a row."""
+    from matplotlib.figure import Figure
+
+    cols = min(8, len(pairs))
+    bands = math.ceil(len(pairs) / cols)
+    fig = Figure(figsize=(1.4 * cols, 3.0 * bands))
+    axes = fig.subplots(2 * bands, cols, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i, (truth, image, psnr) in enumerate(pairs):
+        band, col = divmod(i, cols)
+        for r, (img, title) in enumerate(((truth, "truth"), (image, f"{psnr:.1f} dB"))):
+            ax = axes[2 * band + r, col]
+            pixels = img.detach().cpu().permute(1, 2, 0).numpy()
+            ax.imshow(
+                pixels.squeeze(-1) if pixels.shape[-1] == 1 else pixels, cmap="gray", vmin=0, vmax=1
+            )
+            ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
