@@ -275,7 +275,7 @@ def profile_client() -> str:
     from fedsim.core.data import load_dataset
     from fedsim.core.training import client_config_record
     from fedsim.engine.flower import message_context
-    from fedsim.strategies.fedavg import ServerResources
+    from fedsim.strategies.base import ServerResources
 
     scenario = _scenario()
     app = build_client_app(scenario, "fedavg")

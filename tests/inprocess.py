@@ -30,7 +30,7 @@ from fedsim.engine.discovery import discover_partitions
 from fedsim.engine.flower import message_context
 from fedsim.engine.loop import RoundRecord, run_rounds
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.fedavg import ServerResources
+from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
 
 NODE_OFFSET = 100  # node ids differ from partition ids, as in the simulation

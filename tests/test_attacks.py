@@ -325,10 +325,13 @@ def test_batching_victims_changes_speed_not_results(one_model: bool) -> None:
     alone = [attack.reconstruct(p.observation, seed=3) for p in probes]
 
     for a, b in zip(together, alone, strict=True):
-        # Two rows through vmap against one row through plain autograd.
+        # Two rows through vmap against one row through plain autograd. Over dummy
+        # seeds 0-5 the largest pixel difference was 1.3e-3 and the largest relative
+        # objective difference 1.1e-4 (rounding, amplified by three L-BFGS steps);
+        # pairing a victim with the wrong target differs by tenths.
         assert a.details["batched_problems"] == 2 and b.details["batched_problems"] == 1
-        assert torch.allclose(a.images, b.images, atol=1e-5)
-        assert a.final_objective == pytest.approx(b.final_objective, rel=1e-4)
+        assert torch.allclose(a.images, b.images, atol=5e-3)
+        assert a.final_objective == pytest.approx(b.final_objective, rel=1e-3)
 
 
 # --- the papers' claims ----------------------------------------------------------------------

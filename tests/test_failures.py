@@ -22,21 +22,16 @@ from flwr.app import (
 from rich.console import Console
 from test_resume import TINY, reference_run
 
+from fedsim.clients.failures import STRAGGLER_GRACE_S, InjectedFailure, inject_failures
 from fedsim.core import protocol
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
-from fedsim.engine.failures import (
-    STRAGGLER_GRACE_S,
-    FailurePlan,
-    InjectedFailure,
-    TooFewReplies,
-    inject_failures,
-    mark,
-)
+from fedsim.engine.failures import FailurePlan, mark
 from fedsim.engine.loop import Exchange
 from fedsim.engine.results import CLIENTS_FILE, METRICS_FILE
 from fedsim.engine.runner import run_scenario
-from fedsim.strategies.fedavg import FedAvg, FedAvgParams, ServerResources
+from fedsim.strategies.base import ServerResources, TooFewReplies
+from fedsim.strategies.fedavg import FedAvg, FedAvgParams
 from fedsim.strategies.sampling import PartitionSampler
 
 NODE = 100  # node id of partition p is NODE + p

@@ -9,7 +9,8 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
-from fedsim.strategies.fedavg import FedAvg, FedAvgParams, ServerResources
+from fedsim.strategies.base import ServerResources
+from fedsim.strategies.fedavg import FedAvg, FedAvgParams
 from fedsim.strategies.sampling import PartitionSampler
 
 

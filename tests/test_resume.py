@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -293,7 +294,8 @@ def checkpointed_run(tmp_path: Path, rounds: int = 4, done: int = 2) -> Path:
     recorder = RunRecorder(run_dir, rounds, QUIET)
     record = RoundRecord(round=done, seconds=1.0, sampled=3, replies=3, failures=0)
     recorder.on_round_end(record, ArrayRecord())
-    Checkpointer(run_dir, None, scenario, [recorder]).on_round_end(record, ArrayRecord())
+    stateless = cast(Any, SimpleNamespace(state_for_checkpoint=dict))  # a strategy with no state
+    Checkpointer(run_dir, stateless, scenario, [recorder]).on_round_end(record, ArrayRecord())
     return run_dir
 
 

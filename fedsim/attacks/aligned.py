@@ -15,10 +15,8 @@ initialisation: optimising it jointly with x~ is not implemented.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch.func import functional_call
@@ -26,13 +24,11 @@ from torch.func import functional_call
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation
 from fedsim.attacks.dlg import DLG, DLGParams
-from fedsim.attacks.matching import _Group
+from fedsim.attacks.matching import MatchingProblem
+from fedsim.core import protocol
 from fedsim.core.config import require
 from fedsim.core.gan import NOISE_DIM, build_generator
 from fedsim.core.seeds import SeedStream, derive_seed
-
-GENERATOR_PREFIX = "generator."
-EXTRACTOR_PREFIX = "extractor."
 
 
 @dataclass(frozen=True)
@@ -67,14 +63,16 @@ class AlignedDLG(DLG):
     Params = AlignedDLGParams
     params: AlignedDLGParams
 
-    def _generator_stats(
-        self, observation: Observation, labels: torch.Tensor, seed: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def victim_extras(
+        self, observation: Observation, labels: torch.Tensor | None, seed: int
+    ) -> dict[str, torch.Tensor]:
+        """Per-channel mean and std of the uploaded generator's features for the inferred labels."""
+        assert labels is not None  # Params forces inferred labels
         uploads = observation.extras.get("uploads", {})
         state = {
-            k[len(GENERATOR_PREFIX) :]: v
+            k[len(protocol.GENERATOR) :]: v
             for k, v in uploads.items()
-            if k.startswith(GENERATOR_PREFIX)
+            if k.startswith(protocol.GENERATOR)
         }
         if not state:
             raise ValueError(
@@ -90,34 +88,24 @@ class AlignedDLG(DLG):
         classes = labels.repeat_interleave(-(-self.params.codes // len(labels)))
         z = torch.randn(len(classes), NOISE_DIM, generator=gen).to(self.device)
         with torch.no_grad():
-            return _channel_stats(generator(z, classes.to(self.device)))
+            mean, std = _channel_stats(generator(z, classes.to(self.device)))
+        return {"feature-mean": mean, "feature-std": std}
 
-    def _build_group(self, observations: Sequence[Observation], seed: int) -> _Group:
-        group = super()._build_group(observations, seed)
-        assert group.labels is not None  # Params forces inferred labels
-        stats = [
-            self._generator_stats(obs, group.labels[v].argmax(dim=-1), seed)
-            for v, obs in enumerate(observations)
-        ]
-        means = torch.stack([m for m, _ in stats])
-        stds = torch.stack([s for _, s in stats])
-        return dataclasses.replace(group, constants=[*group.constants, means, stds])
-
-    def _problem_distance(self, group: _Group, transform: bool) -> Any:
-        base_group = dataclasses.replace(group, constants=group.constants[:-2])
-        matching = super()._problem_distance(base_group, transform)
-        extractor = group.model.extractor
-        weight = self.params.alignment_weight
-
-        def problem(params, target, constants, x, y):
-            *rest, mean, std = constants
-            local = {
-                k[len(EXTRACTOR_PREFIX) :]: v
-                for k, v in params.items()
-                if k.startswith(EXTRACTOR_PREFIX)
-            }
-            dummy_mean, dummy_std = _channel_stats(functional_call(extractor, local, (x,)))
-            alignment = (dummy_mean - mean).square().sum() + (dummy_std - std).square().sum()
-            return matching(params, target, rest, x, y) + weight * alignment
-
-        return problem
+    def extra_objective(
+        self,
+        problem: MatchingProblem,
+        params: dict[str, torch.Tensor],
+        extras: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> torch.Tensor:
+        """``lambda * sum_c (mu_c - mu~_c)^2 + (sigma_c - sigma~_c)^2`` through E~."""
+        local = {
+            k[len(protocol.EXTRACTOR) :]: v
+            for k, v in params.items()
+            if k.startswith(protocol.EXTRACTOR)
+        }
+        mean, std = _channel_stats(functional_call(problem.model.extractor, local, (x,)))
+        alignment = (mean - extras["feature-mean"]).square().sum()
+        alignment = alignment + (std - extras["feature-std"]).square().sum()
+        return self.params.alignment_weight * alignment

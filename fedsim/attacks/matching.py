@@ -1,17 +1,24 @@
-"""Gradient matching: the optimisation loop DLG and SAPAG share.
+"""Gradient matching: the optimisation loop DLG, SAPAG and their variants share.
 
-Both attacks optimise dummy images (and, unless labels are inferred, dummy
-label logits) until the victim model's gradient on them matches the observed
-gradient. They differ only in the distance between the two gradients and in
-their defaults, so a subclass supplies :meth:`GradientMatchingAttack.distance`
-(and, if it needs them, per-victim constants such as SAPAG's sigma) and a
-``Params`` dataclass.
+They optimise dummy images (and, unless labels are inferred, dummy label
+logits) until what the attacker's model of the client would upload for them
+matches what the server observed. A subclass gives a ``Params`` dataclass and
+:meth:`GradientMatchingAttack.distance` (with, if it needs them, per-victim
+constants such as SAPAG's sigma), and may override the public, stateless
+extension points, each of which receives the :class:`MatchingProblem`:
+
+- :meth:`~GradientMatchingAttack.simulated_gradient`: the attacker's model of
+  the client's computation (one gradient step by default; ``unrolled-dlg``
+  replays several local SGD steps with the :class:`LocalSchedule`);
+- :meth:`~GradientMatchingAttack.extra_objective` and
+  :meth:`~GradientMatchingAttack.victim_extras`: terms added to the distance
+  and their per-victim constants (``aligned-dlg``'s feature alignment).
 
 Restarts and victims are batched: every (victim, restart) pair is one row of
-a :mod:`fedsim.attacks.optim` optimiser, and one ``torch.func.vmap`` call evaluates
-all live rows. Each victim keeps the restart with the lowest final gradient
-distance, which the attacker can compute (never the best PSNR, which it
-cannot).
+a :mod:`fedsim.attacks.optim` optimiser, and one ``torch.func.vmap`` call
+evaluates all live rows. Each victim keeps the restart with the lowest final
+gradient distance, which the attacker can compute (never the best PSNR, which
+it cannot).
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call, vmap
 
 from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.gradients import (
     batch_gradient,
+    local_steps_taken,
     soft_cross_entropy,
     target_gradient,
     victim_model,
@@ -122,8 +131,26 @@ class MatchingParams:
 
 
 @dataclass(frozen=True)
-class _Group:
-    """Observations attacked together: same architecture, shared layers and batch shape."""
+class LocalSchedule:
+    """The client's local training as the attacker models it, from the public config."""
+
+    lr: float
+    steps: int  # optimiser steps the client took
+    batch_size: int
+
+    @classmethod
+    def of(cls, observation: Observation) -> LocalSchedule:
+        cfg = observation.train_config
+        return cls(cfg.lr, local_steps_taken(observation), cfg.batch_size)
+
+
+@dataclass(frozen=True)
+class MatchingProblem:
+    """Observations attacked together: same architecture, shared layers, batch shape, schedule.
+
+    Per-victim tensors are stacked on a leading victim dimension; the hooks of
+    :class:`GradientMatchingAttack` see one victim's slice at a time.
+    """
 
     model: SplitNet
     names: list[str]  # shared parameter names, the layers matched
@@ -131,9 +158,11 @@ class _Group:
     shared_model: bool  # every victim received the same global model
     target: list[torch.Tensor]  # observed gradients, stacked over victims
     constants: list[torch.Tensor]  # the distance's per-victim constants, stacked
+    extras: dict[str, torch.Tensor]  # extra terms' per-victim constants, stacked
     labels: torch.Tensor | None  # fixed one-hot targets (V, B, K), or None when joint
     image_shape: tuple[int, int, int, int]  # (B, C, H, W)
     num_classes: int
+    schedule: LocalSchedule
 
 
 def layer_depths(model: SplitNet, names: Sequence[str]) -> list[int]:
@@ -166,6 +195,52 @@ class GradientMatchingAttack(Attack):
         """Per-victim constants the distance needs (none by default)."""
         return []
 
+    # -- extension points: each takes the problem, none keeps state ----------------
+
+    def victim_extras(
+        self, observation: Observation, labels: torch.Tensor | None, seed: int
+    ) -> dict[str, torch.Tensor]:
+        """Per-victim constants of :meth:`extra_objective` (none by default).
+
+        ``labels``: the inferred labels ``(B,)`` when labels are inferred.
+        """
+        return {}
+
+    def simulated_gradient(
+        self,
+        problem: MatchingProblem,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        functional: bool,
+    ) -> list[torch.Tensor]:
+        """The attacker's model of the client: what it would upload for batch ``(x, y)``.
+
+        In gradient orientation (``dL/dtheta``) on ``problem.names``, comparable
+        with :func:`~fedsim.attacks.gradients.target_gradient`. By default one
+        gradient step (exact for FedSGD). ``functional``: compute it with
+        ``torch.func`` (required under ``vmap``); otherwise plain autograd may
+        be used (cheaper for a lone problem).
+        """
+        if not functional:
+            leaves = {n: p.detach() for n, p in params.items()}
+            return batch_gradient(problem.model, leaves, x, y, problem.names)
+        shared = {n: params[n] for n in problem.names}
+        fixed = {n: p for n, p in params.items() if n not in shared}
+        by_name = torch.func.grad(model_loss(problem.model))(shared, fixed, x, y)
+        return [by_name[n] for n in problem.names]
+
+    def extra_objective(
+        self,
+        problem: MatchingProblem,
+        params: dict[str, torch.Tensor],
+        extras: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """Terms added to the gradient distance (priors, alignment); ``None`` adds nothing."""
+        return None
+
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:
         """Recover the victim's batch from ``observation`` alone."""
         return self.reconstruct_many([observation], seed)[0]
@@ -197,12 +272,13 @@ class GradientMatchingAttack(Attack):
                 results[i] = rec
         return [r for r in results if r is not None]
 
-    def _build_group(self, observations: Sequence[Observation], seed: int) -> _Group:
+    def build_problem(self, observations: Sequence[Observation], seed: int) -> MatchingProblem:
+        """The batched problem of ``observations`` (one group of :meth:`reconstruct_many`)."""
         first = observations[0]
         model, _ = victim_model(first, self.device, seed)
         names = list(first.shared)
         depths = layer_depths(model, names)
-        per_victim_params, targets, constants, labels = [], [], [], []
+        per_victim_params, targets, constants, labels, extras = [], [], [], [], []
         spec = first.input_spec
         for obs in observations:
             _, params = victim_model(obs, self.device, seed)
@@ -210,9 +286,10 @@ class GradientMatchingAttack(Attack):
             per_victim_params.append(params)
             targets.append([target[n].float() for n in names])
             constants.append(self.distance_constants(targets[-1], depths))
-            if self.params.labels == "infer":
-                found = infer_labels(obs, self.device)
+            found = infer_labels(obs, self.device) if self.params.labels == "infer" else None
+            if found is not None:
                 labels.append(F.one_hot(found, spec.num_classes).float())
+            extras.append(self.victim_extras(obs, found, seed))
 
         def stack(items: list[list[torch.Tensor]]) -> list[torch.Tensor]:
             return [torch.stack(column) for column in zip(*items, strict=True)]
@@ -220,7 +297,7 @@ class GradientMatchingAttack(Attack):
         # Clients of one round got the same global model: keep one copy, so the
         # batched forward uses plain convolutions instead of per-row (grouped) ones.
         same = all(torch.equal(p[k], per_victim_params[0][k]) for p in per_victim_params for k in p)
-        return _Group(
+        return MatchingProblem(
             model=model,
             names=names,
             params={
@@ -230,40 +307,28 @@ class GradientMatchingAttack(Attack):
             shared_model=same,
             target=stack(targets),
             constants=stack(constants) if constants[0] else [],
+            extras={k: torch.stack([e[k] for e in extras]) for k in extras[0]},
             labels=torch.stack(labels) if labels else None,
             image_shape=(first.num_examples, spec.channels, spec.image_size, spec.image_size),
             num_classes=spec.num_classes,
+            schedule=LocalSchedule.of(first),
         )
 
-    def _problem_distance(self, group: _Group, transform: bool) -> Any:
-        """``(params, target, constants, images, soft_labels) -> distance`` for one problem.
+    def problem_objective(self, problem: MatchingProblem, functional: bool) -> Any:
+        """``(params, target, constants, extras, x, y) -> objective`` for one victim's row."""
 
-        ``transform``: take the dummy gradient with ``torch.func.grad`` (what
-        ``vmap`` needs); otherwise with plain autograd, which skips functorch's
-        per-call overhead when a problem runs alone.
-        """
-        model, names = group.model, group.names
+        def objective(params, target, constants, extras, x, y):
+            dummy = self.simulated_gradient(problem, params, x, y, functional)
+            value = self.distance(dummy, target, constants)
+            extra = self.extra_objective(problem, params, extras, x, y)
+            return value if extra is None else value + extra
 
-        def loss(shared, fixed, x, y):
-            return soft_cross_entropy(functional_call(model, {**fixed, **shared}, (x,)), y)
+        return objective
 
-        def problem(params, target, constants, x, y):
-            if transform:
-                shared = {n: params[n] for n in names}
-                fixed = {n: p for n, p in params.items() if n not in shared}
-                by_name = torch.func.grad(loss)(shared, fixed, x, y)
-                grads = [by_name[n] for n in names]
-            else:
-                leaves = {n: p.detach() for n, p in params.items()}
-                grads = batch_gradient(model, leaves, x, y, names)
-            return self.distance(grads, target, constants)
-
-        return problem
-
-    def _objective(self, group: _Group, restarts: int) -> Any:
+    def _objective(self, group: MatchingProblem, restarts: int) -> Any:
         """The batched objective over rows ``(victim, restart)`` for the optimiser."""
-        problem = self._problem_distance(group, transform=True)
-        lone = self._problem_distance(group, transform=False)
+        problem = self.problem_objective(group, functional=True)
+        lone = self.problem_objective(group, functional=False)
         batch, channels, height, width = group.image_shape
         pixels = batch * channels * height * width
         batched_params = None if group.shared_model else 0
@@ -278,6 +343,7 @@ class GradientMatchingAttack(Attack):
                 y = group.labels[victims]
             target = [t[victims] for t in group.target]
             constants = [c[victims] for c in group.constants]
+            extras = {k: v[victims] for k, v in group.extras.items()}
             if group.shared_model:
                 params = {k: v[0] for k, v in group.params.items()}
             else:
@@ -285,11 +351,13 @@ class GradientMatchingAttack(Attack):
             if len(rows) == 1:
                 # vmap costs more than it saves for a single problem.
                 one = params if group.shared_model else {k: v[0] for k, v in params.items()}
-                value = lone(one, [t[0] for t in target], [c[0] for c in constants], x[0], y[0])
-                value = value[None]
+                first = {k: v[0] for k, v in extras.items()}
+                value = lone(
+                    one, [t[0] for t in target], [c[0] for c in constants], first, x[0], y[0]
+                )[None]
             else:
-                in_dims = (batched_params, 0, 0, 0, 0)
-                value = vmap(problem, in_dims=in_dims)(params, target, constants, x, y)
+                in_dims = (batched_params, 0, 0, 0, 0, 0)
+                value = vmap(problem, in_dims=in_dims)(params, target, constants, extras, x, y)
             (grad,) = torch.autograd.grad(value.sum(), z)
             return value.detach(), grad
 
@@ -339,7 +407,7 @@ class GradientMatchingAttack(Attack):
     def _attack_group(self, observations: Sequence[Observation], seed: int) -> list[Reconstruction]:
         start = time.perf_counter()
         p = self.params
-        group = self._build_group(observations, seed)
+        group = self.build_problem(observations, seed)
         victims, restarts = len(observations), p.restarts
         z, lower, upper = self._initial_rows(observations[0], victims, seed)
         if p.clamp != "off":
@@ -384,7 +452,7 @@ class GradientMatchingAttack(Attack):
         self,
         observation: Observation,
         row: torch.Tensor,
-        group: _Group,
+        group: MatchingProblem,
         fixed_labels: torch.Tensor | None,
         **fields: Any,
     ) -> Reconstruction:
@@ -403,3 +471,12 @@ class GradientMatchingAttack(Attack):
             restarts=self.params.restarts,
             **fields,
         )
+
+
+def model_loss(model: nn.Module) -> Any:
+    """``(shared, fixed, x, y) -> loss``: the mean (soft-label) cross-entropy of ``model``."""
+
+    def loss(shared, fixed, x, y):
+        return soft_cross_entropy(functional_call(model, {**fixed, **shared}, (x,)), y)
+
+    return loss

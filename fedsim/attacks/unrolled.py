@@ -13,23 +13,18 @@ learnt into whichever slot fits). Plain SGD only (no momentum or weight decay).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
-from torch.func import functional_call
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
-from fedsim.attacks.gradients import local_steps_taken, soft_cross_entropy
-from fedsim.attacks.matching import _Group
+from fedsim.attacks.matching import MatchingProblem, model_loss
 
 
 @ATTACKS.register("unrolled-dlg")
 class UnrolledDLG(DLG):
     """DLG matching a replayed multi-step local SGD update."""
-
-    _schedule: tuple[float, int, int] = (0.0, 1, 1)  # lr, steps, batch size
 
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0
@@ -46,30 +41,23 @@ class UnrolledDLG(DLG):
                 )
         return super().reconstruct_many(observations, seed)
 
-    def _build_group(self, observations: Sequence[Observation], seed: int) -> _Group:
-        first = observations[0]
-        cfg = first.train_config
-        self._schedule = (cfg.lr, local_steps_taken(first), cfg.batch_size)
-        return super()._build_group(observations, seed)
-
-    def _problem_distance(self, group: _Group, transform: bool) -> Any:
-        model, names = group.model, group.names
-        lr, steps, batch = self._schedule
-
-        def loss(shared, fixed, x, y):
-            return soft_cross_entropy(functional_call(model, {**fixed, **shared}, (x,)), y)
-
-        def problem(params, target, constants, x, y):
-            start = {n: params[n] for n in names}
-            fixed = {n: p for n, p in params.items() if n not in start}
-            weights = start
-            for step in range(steps):
-                lo = (step * batch) % len(x)
-                grads = torch.func.grad(loss)(
-                    weights, fixed, x[lo : lo + batch], y[lo : lo + batch]
-                )
-                weights = {n: weights[n] - lr * grads[n] for n in names}
-            simulated = [(start[n] - weights[n]) / (lr * steps) for n in names]
-            return self.distance(simulated, target, constants)
-
-        return problem
+    def simulated_gradient(
+        self,
+        problem: MatchingProblem,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        functional: bool,
+    ) -> list[torch.Tensor]:
+        """``(w_global - w_K) / (lr K)`` after replaying the client's ``K`` SGD steps."""
+        names, schedule = problem.names, problem.schedule
+        lr, batch = schedule.lr, schedule.batch_size
+        start = {n: params[n] for n in names}
+        fixed = {n: p for n, p in params.items() if n not in start}
+        grad = torch.func.grad(model_loss(problem.model))
+        weights = start
+        for step in range(schedule.steps):
+            lo = (step * batch) % len(x)
+            grads = grad(weights, fixed, x[lo : lo + batch], y[lo : lo + batch])
+            weights = {n: weights[n] - lr * grads[n] for n in names}
+        return [(start[n] - weights[n]) / (lr * schedule.steps) for n in names]

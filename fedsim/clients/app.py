@@ -10,9 +10,9 @@ from flwr.clientapp import ClientApp
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import train_defended
+from fedsim.clients.failures import inject_failures
 from fedsim.core import protocol
 from fedsim.core.config import Scenario
-from fedsim.engine.failures import inject_failures
 
 
 def build_client_app(

@@ -32,8 +32,8 @@ class RunCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from fedsim.engine.checkpoint import open_resume
-        from fedsim.engine.failures import TooFewReplies
         from fedsim.engine.runner import run_scenario
+        from fedsim.strategies.base import TooFewReplies
 
         try:
             if args.resume:

@@ -48,6 +48,7 @@ from flwr.app import ArrayRecord
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, require, scenario_to_dict
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import CHECKPOINT_DIR, CLIENT_STATE_DIR, SCENARIO_FILE
+from fedsim.strategies.base import FedsimStrategy
 
 STATE_FILE = "state.pt"
 DELETED_FILE = "deleted.json"  # client files removed since the previous checkpoint
@@ -216,7 +217,7 @@ class Checkpointer:
     def __init__(
         self,
         run_dir: Path,
-        strategy: Any,
+        strategy: FedsimStrategy,
         scenario: Scenario,
         components: Sequence[Checkpointable] = (),
     ) -> None:
@@ -226,7 +227,7 @@ class Checkpointer:
         self.components = components
 
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
-        strategy_state: dict[str, Any] = getattr(self.strategy, "state_for_checkpoint", dict)()
+        strategy_state = self.strategy.state_for_checkpoint()
         state = {
             "format": FORMAT,
             "round": record.round,

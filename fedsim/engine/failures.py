@@ -3,8 +3,8 @@
 Each round a fixed share of the sampled clients fails (``failures.fraction``
 of them, rounded half up), chosen from ``(seed, round)``: a repeated or
 resumed run fails the same clients. The server marks those clients' training
-messages (:func:`mark`); the client-side Flower mod :func:`inject_failures`
-acts on the mark:
+messages (:func:`mark`); the client-side Flower mod
+:func:`fedsim.clients.failures.inject_failures` acts on the mark:
 
 - ``raise``: the client raises instead of training; Flower turns that into an
   error reply.
@@ -20,33 +20,16 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp.typing import ClientAppCallable
+from flwr.app import ConfigRecord, Message, RecordDict
 
+from fedsim.clients.failures import INJECTED_MARKER
 from fedsim.core import protocol
 from fedsim.core.config import FailureConfig, Scenario, ScenarioError
 from fedsim.core.seeds import SeedStream, choose
-
-_MARKER = "fedsim injected client failure"
-# A straggler replies this long after the deadline: later than the server's last poll.
-STRAGGLER_GRACE_S = 0.2
-
-
-class InjectedFailure(RuntimeError):
-    """Raised by a client the server marked to fail."""
-
-
-class TooFewReplies(RuntimeError):
-    """A round got fewer training replies than its strategy accepts."""
-
-
-def required_replies(min_fraction: float, sampled: int) -> int:
-    """Training replies a round of ``sampled`` clients needs (at least one)."""
-    return max(1, math.ceil(min_fraction * sampled - 1e-9))
+from fedsim.strategies.base import required_replies
 
 
 def failing_count(fraction: float, sampled: int) -> int:
@@ -107,18 +90,6 @@ def mark(message: Message, kind: str, deadline: float) -> Message:
     )
 
 
-def inject_failures(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Flower client mod: fail as the mark says, else run the handler."""
-    failure = msg.content.config_records.get(protocol.FAILURE)
-    if failure is None:
-        return call_next(msg, context)
-    if failure["kind"] == "timeout":
-        time.sleep(
-            max(0.0, protocol.read_float(failure, "deadline") - time.time()) + STRAGGLER_GRACE_S
-        )
-    raise InjectedFailure(f"{_MARKER} ({failure['kind']!s})")
-
-
 class HideInjectedFailures(logging.Filter):
     """Drops Flower's error logs for injected failures: they are expected, and in ``clients.csv``.
 
@@ -131,4 +102,4 @@ class HideInjectedFailures(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return _MARKER not in message and message != self.GENERIC
+        return INJECTED_MARKER not in message and message != self.GENERIC

@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from fedsim.core import protocol
 from fedsim.engine.failures import FailurePlan, mark
+from fedsim.strategies.base import FedsimStrategy
 
 POLL_S = 0.02  # between pulls for replies (Flower's own send_and_receive sleeps 0.1 s)
 
@@ -184,7 +184,7 @@ def _scalars(metrics: MetricRecord | None) -> dict[str, float]:
 
 
 def run_rounds(
-    strategy: Strategy,
+    strategy: FedsimStrategy,
     grid: Grid,
     arrays: ArrayRecord,
     rounds: Sequence[int],
@@ -201,7 +201,6 @@ def run_rounds(
     -> partition id) orders replies and names failed clients; ``failures``
     injects client failures into training.
     """
-    evaluate_global = getattr(strategy, "evaluate_global", None)
     exchange = Exchange(grid, timeout, partition_of, failures)
     id_key = protocol.PARTITION_ID if partition_of is not None else "node-id"
     for server_round in rounds:
@@ -219,7 +218,7 @@ def run_rounds(
         )
         eval_replies, eval_failed = exchange.send_and_receive(server_round, eval_messages)
         eval_metrics = strategy.aggregate_evaluate(server_round, eval_replies)
-        server_metrics = evaluate_global(server_round, arrays) if evaluate_global else None
+        server_metrics = strategy.evaluate_global(server_round, arrays)
 
         record = RoundRecord(
             round=server_round,

@@ -37,7 +37,7 @@ from fedsim.engine.results import (
 )
 from fedsim.engine.validate import validate
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.fedavg import ServerResources
+from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
 
 

@@ -12,19 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from fedsim.core import protocol
-from fedsim.core.config import Scenario
-from fedsim.core.data import DatasetBundle
-from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
-from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import evaluate
-from fedsim.engine.failures import TooFewReplies, required_replies
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.base import FedsimStrategy, ServerResources, TooFewReplies, required_replies
 from fedsim.strategies.sampling import PartitionSampler
 
 NUM_EXAMPLES = protocol.NUM_EXAMPLES
@@ -50,36 +45,17 @@ class FedAvgParams:
     """FedAvg has no hyper-parameters beyond the scenario's client config."""
 
 
-@dataclass
-class ServerResources:
-    """What the server process holds: the scenario and the held-out test set."""
-
-    scenario: Scenario
-    bundle: DatasetBundle
-    device: torch.device
-
-    @property
-    def input_spec(self) -> InputSpec:
-        b = self.bundle
-        return InputSpec(b.channels, b.image_size, b.num_classes)
-
-    def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
-        """The global model on the server's device, loaded with ``arrays``."""
-        state = None if arrays is None else arrays.to_torch_state_dict()
-        seed = derive_seed(SeedStream.MODEL_INIT, self.scenario.federation.seed)
-        return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
-
-
 @STRATEGIES.register("fedavg")
-class FedAvg(FlowerFedAvg):
-    """Flower's FedAvg with fedsim's sampling, bookkeeping and global evaluation."""
+class FedAvg(FlowerFedAvg, FedsimStrategy):
+    """Flower's FedAvg with fedsim's sampling, bookkeeping and global evaluation.
+
+    A round with fewer replies than ``min_replies`` of the sampled clients
+    stops the run (:class:`~fedsim.strategies.base.TooFewReplies`); scenario
+    key ``failures.min-replies`` overrides the fraction.
+    """
 
     Params: ClassVar[type] = FedAvgParams
     client_routine: ClassVar[str] = "fedavg"
-    # The failures a round survives: it aggregates when at least this fraction
-    # of the sampled clients replied, else the run stops (TooFewReplies).
-    # Scenario key failures.min-replies overrides it.
-    min_replies: ClassVar[float] = 0.5
 
     def __init__(self, params: Any, sampler: PartitionSampler, server: ServerResources) -> None:
         super().__init__(
@@ -92,10 +68,6 @@ class FedAvg(FlowerFedAvg):
         self.server = server
         self.global_arrays: ArrayRecord | None = None
         self.sampled: list[int] = []
-
-    @classmethod
-    def check_scenario(cls, scenario: Scenario) -> None:
-        """Reject scenario settings this strategy cannot run (before Ray starts)."""
 
     def initial_arrays(self) -> ArrayRecord:
         """The round-0 global model: the zoo model, seeded."""
@@ -143,15 +115,3 @@ class FedAvg(FlowerFedAvg):
         model = self.server.model(arrays)
         loss, acc = evaluate(model, self.server.bundle.test_images, self.server.bundle.test_labels)
         return {protocol.TEST_LOSS: loss, protocol.TEST_ACC: acc}
-
-    def state_for_checkpoint(self) -> dict[str, Any]:
-        """Strategy state a resumed run needs besides the global model (none here).
-
-        Called after every round; the values must load with
-        ``torch.load(weights_only=True)``: tensors, numbers, strings, and
-        lists or dicts of them.
-        """
-        return {}
-
-    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
-        """Take back what :meth:`state_for_checkpoint` returned, before the first resumed round."""

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from fedsim.core import protocol
+from fedsim.strategies.base import FedsimStrategy
 
 
 class ReplyObserver(Protocol):
@@ -31,17 +31,33 @@ class ReplyObserver(Protocol):
     ) -> None: ...
 
 
-class AuditedStrategy(Strategy):
-    """Delegates to ``inner``; shows each training round to ``observer``."""
+class AuditedStrategy(FedsimStrategy):
+    """Delegates to ``inner``; shows each training round to ``observer``.
 
-    def __init__(self, inner: Strategy, observer: ReplyObserver) -> None:
+    Every Flower method and engine hook is forwarded explicitly: a new hook
+    must be added here, not reach the inner strategy by accident.
+    """
+
+    def __init__(self, inner: FedsimStrategy, observer: ReplyObserver) -> None:
         self.inner = inner
         self.observer = observer
         self._sent: tuple[ArrayRecord, ConfigRecord] | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        # evaluate_global, initial_arrays, checkpoint hooks, ... of the wrapped strategy.
-        return getattr(self.inner, name)
+    # -- engine hooks ------------------------------------------------------------
+
+    def initial_arrays(self) -> ArrayRecord:
+        return self.inner.initial_arrays()
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
+        return self.inner.evaluate_global(server_round, arrays)
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        return self.inner.state_for_checkpoint()
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.inner.restore_checkpoint_state(state)
+
+    # -- Flower's Strategy ---------------------------------------------------------
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

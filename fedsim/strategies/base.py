@@ -1,0 +1,97 @@
+"""What fedsim's engine asks of a strategy beyond Flower's ``Strategy`` interface.
+
+A fedsim strategy is a Flower strategy (``configure_train`` / ``aggregate_train``
+/ ``configure_evaluate`` / ``aggregate_evaluate`` / ``summary``) that also
+implements :class:`EngineHooks`: the round-0 model, an optional global
+evaluation, checkpoint state, the name of its client routine and how many
+replies a round needs. The engine calls only these; wrappers
+(:class:`~fedsim.engine.audit.wrapper.AuditedStrategy`) forward them one by one.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import Strategy
+
+from fedsim.core.data import DatasetBundle
+from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
+from fedsim.core.seeds import SeedStream, derive_seed
+
+if TYPE_CHECKING:
+    from fedsim.core.config import Scenario
+
+
+class TooFewReplies(RuntimeError):
+    """A round got fewer training replies than its strategy accepts."""
+
+
+def required_replies(min_fraction: float, sampled: int) -> int:
+    """Training replies a round of ``sampled`` clients needs (at least one)."""
+    return max(1, math.ceil(min_fraction * sampled - 1e-9))
+
+
+@dataclass
+class ServerResources:
+    """What the server process holds: the scenario and the held-out test set."""
+
+    scenario: Scenario
+    bundle: DatasetBundle
+    device: torch.device
+
+    @property
+    def input_spec(self) -> InputSpec:
+        b = self.bundle
+        return InputSpec(b.channels, b.image_size, b.num_classes)
+
+    def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
+        """The global model on the server's device, loaded with ``arrays``."""
+        state = None if arrays is None else arrays.to_torch_state_dict()
+        seed = derive_seed(SeedStream.MODEL_INIT, self.scenario.federation.seed)
+        return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
+
+
+class EngineHooks(ABC):
+    """The hooks fedsim's engine calls on a strategy, besides Flower's interface."""
+
+    Params: ClassVar[type]
+    """Frozen dataclass of the strategy's hyper-parameters (a scenario's ``[strategy]``)."""
+    client_routine: ClassVar[str]
+    """The client routine (``fedsim.clients`` registry name) that answers this strategy."""
+    min_replies: ClassVar[float] = 0.5
+    """A round aggregates when at least this fraction of the sampled clients replied."""
+
+    @classmethod
+    def check_scenario(cls, scenario: Scenario) -> None:
+        """Reject scenario settings this strategy cannot run (before Ray starts)."""
+        return None
+
+    @abstractmethod
+    def initial_arrays(self) -> ArrayRecord:
+        """The round-0 global model (what the first round sends)."""
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
+        """Metrics of the global model on the server's held-out data, or ``None``."""
+        return None
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        """Strategy state a resumed run needs besides the global model.
+
+        Called after every round; the values must load with
+        ``torch.load(weights_only=True)``: tensors, numbers, strings, and
+        lists or dicts of them.
+        """
+        return {}
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_for_checkpoint` returned, before the first resumed round."""
+        return None
+
+
+class FedsimStrategy(Strategy, EngineHooks):
+    """A Flower ``Strategy`` with the engine's hooks: what the round loop drives."""

@@ -1,0 +1,76 @@
+"""The house is one-way: kernel <- components (clients, strategies, attacks) <- engine <- face.
+
+Read from the source (every import, function-level ones included), so a
+shortcut anywhere fails here rather than in a reviewer's graph.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fedsim"
+
+LAYER = {
+    "fedsim": 0,  # the package's __init__: its version only
+    "fedsim.core": 0,
+    "fedsim.clients": 1,
+    "fedsim.strategies": 1,
+    "fedsim.attacks": 1,
+    "fedsim.engine": 2,
+    "fedsim.face": 3,
+    "fedsim.scenarios": 0,
+}
+FACE = ("fedsim.cli", "fedsim.commands")  # the command line: one area
+
+
+def _area(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "fedsim":
+        return None
+    area = ".".join(parts[:2])
+    return "fedsim.face" if area in FACE else area
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.module, node.lineno))
+    return found
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        out.append((".".join(rel.parts).removesuffix(".__init__"), path))
+    return out
+
+
+@pytest.mark.parametrize(("module", "path"), _modules(), ids=lambda v: str(v))
+def test_imports_point_down_or_sideways_within_a_package(module: str, path: Path) -> None:
+    own = _area(module)
+    assert own in LAYER, f"{module} is in no layer"
+    for target, line in _imports(path):
+        area = _area(target)
+        if area is None or area == own:
+            continue
+        assert LAYER[area] < LAYER[own], f"{path.name}:{line} imports {target} ({module})"
+
+
+def test_components_do_not_import_each_other() -> None:
+    # A strategy and its client routine agree through fedsim.core.protocol, not each other.
+    for module, path in _modules():
+        own = _area(module)
+        if own is None or LAYER.get(own) != 1:
+            continue
+        for target, line in _imports(path):
+            area = _area(target)
+            assert area is None or LAYER.get(area) != 1 or area == own, (
+                f"{path.name}:{line} imports {target}"
+            )
