@@ -62,11 +62,8 @@ class SeedStream(enum.Enum):
         self.tag = tag
         self.party = party
         self.parts = parts
-
-    @property
-    def code(self) -> int:
-        """The stream's tag as a 64-bit integer (the first word of the hash)."""
-        return int.from_bytes(hashlib.sha256(self.tag.encode()).digest()[:8], "little")
+        # The tag as a 64-bit integer: the first word every seed of the stream hashes.
+        self.code = int.from_bytes(hashlib.sha256(tag.encode()).digest()[:8], "little")
 
 
 def derive_seed(stream: SeedStream, *parts: int) -> int:
