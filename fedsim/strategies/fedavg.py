@@ -77,7 +77,7 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
         self, nodes: list[int], arrays: ArrayRecord, config: ConfigRecord, kind: str
     ) -> Iterable[Message]:
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return self._construct_messages(record, nodes, kind)
+        return [Message(content=record, dst_node_id=node, message_type=kind) for node in nodes]
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
