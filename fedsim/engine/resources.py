@@ -317,7 +317,9 @@ def start_ray(scenario: Scenario) -> ResourcePlan:
             raise
     (machine,) = local_nodes(scenario)
     plan = plan_resources(scenario, [machine], "this machine")
-    ray.init(num_cpus=int(machine.cpus), num_gpus=int(machine.gpus), **common)
+    # "local": a new Ray of our own, never a cluster that ``ray start`` left in
+    # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one).
+    ray.init(address="local", num_cpus=int(machine.cpus), num_gpus=int(machine.gpus), **common)
     return plan
 
 
