@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,13 +23,11 @@ SIXTEEN_IMAGES = AttackExperiment(
 
 
 def test_float64_attacks_build_double_precision_dummies() -> None:
-    experiment = AttackExperiment(
-        attack="dlg",
+    experiment = dataclasses.replace(
+        SIXTEEN_IMAGES,
         params={"restarts": 1, "steps": 2},
-        dataset="cifar100-samples",
-        model="lenet-zhu",
-        init="uniform",
         num_images=1,
+        parallel=1,
         device="cpu",
         precision="float64",
     )
@@ -41,8 +41,6 @@ def test_float64_attacks_build_double_precision_dummies() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_dlg_median_psnr_within_1_db_of_cpu() -> None:
-    import dataclasses
-
     cpu = run_attack_experiment(dataclasses.replace(SIXTEEN_IMAGES, device="cpu", threads=0))
     cuda = run_attack_experiment(dataclasses.replace(SIXTEEN_IMAGES, device="cuda"))
 
