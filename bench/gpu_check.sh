@@ -16,6 +16,8 @@
 #   --with NAME               sources bench/gpu_check.d/NAME.sh, which adds rows by calling
 #                             `row NAME STATUS DETAIL` (STATUS: ok, FAIL or SKIP); for later issues.
 # On a machine without CUDA, CUDA rows print SKIP and the rest run (slowly: CPU only).
+# Time limits are set for the H200 machine; GPU_CHECK_TIME_SCALE=N multiplies them (a small or busy
+# CPU-only machine needs 4 or more).
 #
 # Runs from the project root with `python3 -m fedsim.cli` (PYTHON overrides the interpreter), so
 # it works both in a venv and on the GPU machine's source checkout (../shared/gpu/bundle.sh).
@@ -34,6 +36,8 @@ done
 [ -f scenarios/audit-fedavg.toml ] || { echo "gpu_check.sh: run from the project root"; exit 2; }
 OUT=${OUT:-$(mktemp -d /tmp/gpu-check-XXXXXX)}
 mkdir -p "$OUT"
+SCALE=${GPU_CHECK_TIME_SCALE:-1}
+limit() { echo $(( $1 * SCALE )); }  # limit SECONDS: a time limit, scaled
 export FLWR_TELEMETRY_ENABLED=0 RAY_USAGE_STATS_ENABLED=0
 
 ROWS=()
@@ -50,7 +54,7 @@ csv() {  # csv FILE EXPRESSION: a number from a CSV (pandas frame `d`)
   "$PY" -c "import sys, pandas as pd; d = pd.read_csv(sys.argv[1]); print($2)" "$1" 2>/dev/null
 }
 HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
-SKIP_CUDA="SKIP (no CUDA on this machine)"
+SKIP_CUDA="no CUDA on this machine"
 echo "[gpu_check] $("$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')") -> $OUT"
 
 # -- the four client/audit splits ----------------------------------------------------------
@@ -64,14 +68,15 @@ for clients in cpu gpu; do
     [ "$audit" = gpu ] && ag=0.5
     dir="$OUT/split-$clients-$audit"
     start=$(now)
-    if timeout 150 "$PY" -m fedsim.cli run scenarios/audit-fedavg.toml --set federation.rounds=2 \
+    if timeout "$(limit 150)" "$PY" -m fedsim.cli run scenarios/audit-fedavg.toml --set federation.rounds=2 \
         --set "$SPLIT_DLG" --set backend.num-gpus=$cg --set audit.num-gpus=$ag --out "$dir" \
         > "$dir.log" 2>&1; then
       wall=$(calc "$(now) - $start")
       row "$name" ok "$(printf '%.1f s/round wall; %s' "$(calc "$wall / 2")" \
         "$(csv "$dir/audit.csv" "f'{len(d)} attacks, device {d.device.iloc[0]}, mean PSNR {d.psnr.mean():.1f} dB'")")"
     else
-      row "$name" FAIL "no completion within 150 s (exit $?); log: $dir.log"
+      rc=$?
+      row "$name" FAIL "no completion within $(limit 150) s (exit $rc); log: $dir.log"
     fi
   done
 done
@@ -84,14 +89,15 @@ for device in cpu cuda; do
   if [ "$device" = cuda ] && [ "$HAS_CUDA" != 1 ]; then row "dlg cuda" SKIP "$SKIP_CUDA"; continue; fi
   threads=1; [ "$device" = cpu ] && threads=0  # CPU: every core (PyTorch's default)
   start=$(now)
-  if timeout 240 "$PY" -m fedsim.cli "${DLG_ARGS[@]}" --device $device --threads $threads \
+  if timeout "$(limit 240)" "$PY" -m fedsim.cli "${DLG_ARGS[@]}" --device $device --threads $threads \
       --out "$OUT/dlg-$device" > "$OUT/dlg-$device.log" 2>&1; then
     wall=$(calc "$(now) - $start")
     PSNR[$device]=$(csv "$OUT/dlg-$device/results.csv" "d.psnr.median()")
     row "dlg $device" ok "$(printf 'median PSNR %.1f dB; %.2f reconstructions/s (16 in %.0f s wall)' \
       "${PSNR[$device]}" "$(calc "16 / $wall")" "$wall")"
   else
-    row "dlg $device" FAIL "did not finish within 240 s (exit $?); log: $OUT/dlg-$device.log"
+    rc=$?
+    row "dlg $device" FAIL "did not finish within $(limit 240) s (exit $rc); log: $OUT/dlg-$device.log"
   fi
 done
 if [ -n "${PSNR[cpu]:-}" ] && [ -n "${PSNR[cuda]:-}" ]; then
@@ -104,11 +110,12 @@ fi
 
 # -- GRNN on CUDA ------------------------------------------------------------------------------
 if [ "$HAS_CUDA" = 1 ]; then
-  if timeout 90 "$PY" -m fedsim.cli attack --attack grnn --dataset mnist-samples --batch-size 4 \
+  if timeout "$(limit 90)" "$PY" -m fedsim.cli attack --attack grnn --dataset mnist-samples --batch-size 4 \
       --num-images 4 --steps 1000 --device cuda --out "$OUT/grnn" > "$OUT/grnn.log" 2>&1; then
     row "grnn cuda" ok "$(csv "$OUT/grnn/results.csv" "f'PSNR {d.psnr.median():.1f} dB, {d.seconds.median():.1f} s per batch of 4'")"
   else
-    row "grnn cuda" FAIL "did not finish within 90 s (exit $?); log: $OUT/grnn.log"
+    rc=$?
+    row "grnn cuda" FAIL "did not finish within $(limit 90) s (exit $rc); log: $OUT/grnn.log"
   fi
 else
   row "grnn cuda" SKIP "$SKIP_CUDA"
@@ -118,7 +125,7 @@ fi
 if [ "$HAS_CUDA" = 1 ]; then
   dir="$OUT/fedavg-10"
   start=$(now)
-  if timeout 200 "$PY" -m fedsim.cli run scenarios/audit-fedavg.toml --set federation.rounds=10 \
+  if timeout "$(limit 200)" "$PY" -m fedsim.cli run scenarios/audit-fedavg.toml --set federation.rounds=10 \
       --set federation.num-clients=8 --set federation.clients-per-round=8 --set audit.victims=0 \
       --set "audit.attacks=[{name='dlg', steps=100, restarts=4}]" \
       --set backend.num-gpus=0.1 --set audit.num-gpus=0.5 --out "$dir" > "$dir.log" 2>&1; then
@@ -128,7 +135,8 @@ if [ "$HAS_CUDA" = 1 ]; then
     row "fedavg-10 audited" $status "$(printf '%s/80 attacks; %.0f s wall; %s' "$rows" "$wall" \
       "$(csv "$dir/audit.csv" "f'mean PSNR {d.psnr.mean():.1f} dB, {d[\"gpu-seconds\"].sum():.0f} GPU-s, peak {d[\"peak-gpu-mb\"].max():.0f} MiB'")")"
   else
-    row "fedavg-10 audited" FAIL "no completion within 200 s (exit $?); log: $dir.log"
+    rc=$?
+    row "fedavg-10 audited" FAIL "no completion within $(limit 200) s (exit $rc); log: $dir.log"
   fi
 else
   row "fedavg-10 audited" SKIP "$SKIP_CUDA"

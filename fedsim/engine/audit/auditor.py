@@ -145,6 +145,7 @@ class Auditor:
         self._lock = threading.Lock()
         self._collector: threading.Thread | None = None
         self._closing = threading.Event()
+        self._reservation: Any = None  # the run's audit placement group, looked up once
 
     # -- choosing and submitting -------------------------------------------------
 
@@ -226,11 +227,12 @@ class Auditor:
             "num_cpus": self.cfg.threads_per_attack,
             "num_gpus": self.cfg.num_gpus,
         }
-        reservation = audit_reservation()
-        if reservation is not None:
+        if self._reservation is None:
+            self._reservation = audit_reservation()
+        if self._reservation is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(reservation)
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
         job.submitted = time.perf_counter()
         ref = _remote_attack.options(**options).remote(
             job.attack,
@@ -256,11 +258,10 @@ class Auditor:
         while not (self._closing.is_set() and not self._pending):
             self._collect(timeout=0.5)
 
-    def _collect(
-        self, timeout: float | None, only_round: int | None = None, every: bool = False
-    ) -> None:
-        """Record finished tasks: the first within ``timeout`` (``None``: all, waiting
-        as long as they take); with ``every``, all that finish within ``timeout``."""
+    def _collect(self, timeout: float, only_round: int | None = None, every: bool = False) -> None:
+        """Record finished tasks: the first to finish within ``timeout``, or with
+        ``every`` all that finish within it. The async collector and :meth:`finish`
+        may both collect: a task is recorded by whichever takes it first."""
         with self._lock:
             refs = [
                 ref
@@ -270,38 +271,43 @@ class Auditor:
         if not refs:
             time.sleep(0.05 if timeout else 0)
             return
-        wait_all = timeout is None or every
-        done, _ = ray.wait(refs, num_returns=len(refs) if wait_all else 1, timeout=timeout)
+        done, _ = ray.wait(refs, num_returns=len(refs) if every else 1, timeout=timeout)
         for ref in done:
             with self._lock:
-                job = self._pending.pop(ref)
+                job = self._pending.pop(ref, None)
+            if job is None:
+                continue
             recs, use = ray.get(ref)
             share = DeviceUse(use.device, use.gpu_seconds / len(recs), use.peak_gpu_mb)
             for victim, rec in zip(job.victims, recs, strict=True):
                 self._record(job, victim, rec, share)
 
-    def _wait_round(self, server_round: int) -> None:
-        """Collect ``server_round``'s attacks, printing what still runs every so often."""
+    def _wait(self, server_round: int | None) -> None:
+        """Collect ``server_round``'s attacks (``None``: all), printing what still runs
+        every :data:`PROGRESS_EVERY_S` seconds. Their resources are reserved, so they
+        run; an attack only takes its time."""
         started = time.perf_counter()
         while True:
-            with self._lock:
-                waiting = [j for j in self._pending.values() if j.round == server_round]
-            if not waiting:
-                return
             self._collect(timeout=PROGRESS_EVERY_S, only_round=server_round, every=True)
             with self._lock:
-                still = [j for j in self._pending.values() if j.round == server_round]
-            if still:
-                names = ", ".join(
-                    f"{j.attack.name} on client {'/'.join(str(v.client) for v in j.victims)}"
-                    for j in still[:4]
-                )
-                self.console.print(
-                    f"  audit round {server_round}: waiting for {len(still)} attack task(s) "
-                    f"({names}{', ...' if len(still) > 4 else ''}), "
-                    f"{time.perf_counter() - started:.0f} s",
-                    markup=False,
-                )
+                still = [
+                    j
+                    for j in self._pending.values()
+                    if server_round is None or j.round == server_round
+                ]
+            if not still:
+                return
+            names = ", ".join(
+                f"{j.attack.name} on client {'/'.join(str(v.client) for v in j.victims)} "
+                f"(round {j.round})"
+                for j in still[:4]
+            )
+            self.console.print(
+                f"  audit: waiting for {len(still)} attack task(s): "
+                f"{names}{', ...' if len(still) > 4 else ''}; "
+                f"{time.perf_counter() - started:.0f} s",
+                markup=False,
+            )
 
     def _record(self, job: _Job, victim: _Victim, rec: Reconstruction, use: DeviceUse) -> None:
         obs = victim.observation
@@ -360,7 +366,7 @@ class Auditor:
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
         """Sync mode: finish this round's attacks; add their means to the round."""
         if self.cfg.mode == "sync":
-            self._wait_round(record.round)
+            self._wait(record.round)
             col = AuditRecord.column
             rows = [r for r in self.rows if r[col("round")] == record.round]
             if rows:
@@ -395,7 +401,6 @@ class Auditor:
     def finish(self) -> None:
         """Join every outstanding attack (called before the run ends)."""
         self._closing.set()
+        self._wait(None)
         if self._collector is not None:
             self._collector.join()
-        while self._pending:
-            self._collect(timeout=None)
