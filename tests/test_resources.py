@@ -132,7 +132,6 @@ def test_refused_split_costs_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(TEST_LOGICAL_GPUS_ENV, "1")
-    started = time.perf_counter()
 
     status = main(
         [
@@ -151,8 +150,7 @@ def test_refused_split_costs_nothing(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "backend.num-gpus" in err
     assert not (tmp_path / "run").exists()
-    assert not ray.is_initialized()
-    assert time.perf_counter() - started < 10
+    assert not ray.is_initialized()  # refused before Ray started
 
 
 def test_a_cluster_address_pointing_nowhere_fails_within_seconds(tmp_path: Path) -> None:
@@ -162,7 +160,9 @@ def test_a_cluster_address_pointing_nowhere_fails_within_seconds(tmp_path: Path)
     with pytest.raises(ScenarioError, match="no Ray cluster answers"):
         run_scenario(scenario, tmp_path / "run")
 
-    assert time.perf_counter() - started < 10
+    # A refused connection answers at once, an unroutable host after the 5 s connect
+    # limit; the margin is for a loaded machine (ray.init alone would retry for minutes).
+    assert time.perf_counter() - started < 30
     assert not (tmp_path / "run").exists()
 
 
