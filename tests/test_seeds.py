@@ -35,7 +35,10 @@ def test_no_attacker_seed_equals_a_federation_seed() -> None:
     federation = np.concatenate(
         [_values(s, seed) for s in SeedStream if s.party is Party.FEDERATION and s.parts]
     )
-    attack_seeds = _values(SeedStream.ATTACK, seed)
+    # fedsim attack seeds per (round, partition), the audit's batches per round.
+    attack_seeds = np.concatenate(
+        [_values(SeedStream.ATTACK, seed), _values(SeedStream.AUDIT_ATTACK, seed)]
+    )
     derived = [
         np.array(
             [derive_seed(SeedStream.ATTACK_RESTART, a, r) for a in attack_seeds for r in RESTARTS]

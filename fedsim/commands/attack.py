@@ -54,6 +54,12 @@ class AttackCommand:
             help="CPU threads for PyTorch, default 1 (0 = PyTorch's default); the attacks' "
             "small batched operations gain little from more, and lose badly on a busy machine",
         )
+        add(
+            "--precision",
+            choices=["float32", "float64"],
+            default="float32",
+            help="the attack's arithmetic, default float32 (TF32 is off either way)",
+        )
         add("--out", help="output folder (default runs/attack-<attack>-<dataset>-<time>)")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -83,6 +89,7 @@ class AttackCommand:
             parallel=args.parallel,
             device=args.device,
             threads=args.threads,
+            precision=args.precision,
         )
         out = Path(
             args.out or f"runs/attack-{args.attack}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"

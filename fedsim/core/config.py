@@ -293,6 +293,7 @@ class BackendConfig:
     num_gpus: float = 0.0
     address: str = ""
     ray_cpus: int = 0
+    wait_timeout: float = 120.0  # seconds to wait for Ray resources (the audit's reservation)
 
     def __post_init__(self) -> None:
         require(self.num_cpus > 0, "num-cpus", self.num_cpus, "must be > 0")
@@ -303,6 +304,7 @@ class BackendConfig:
             self.ray_cpus,
             "must be >= 0 (0 = all cores of this machine)",
         )
+        require(self.wait_timeout > 0, "wait-timeout", self.wait_timeout, "must be > 0 (seconds)")
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,7 @@ class AuditConfig:
     num_gpus: float = 0.0
     max_images: int = 8
     seed: int = 0
+    precision: Literal["float32", "float64"] = "float32"  # attacks' arithmetic (no TF32)
 
     def __post_init__(self) -> None:
         require(len(self.attacks) >= 1, "attacks", self.attacks, "list at least one attack")

@@ -123,6 +123,9 @@ class AuditRecord:
     seconds: float
     wall_seconds: float
     attack_params: str
+    device: str = "cpu"  # where the attack ran ("cpu" or the GPU's name)
+    gpu_seconds: float = 0.0  # its share of the task's time holding a GPU
+    peak_gpu_mb: float = 0.0  # the task's peak GPU memory (MiB)
 
     def to_row(self) -> dict[str, Any]:
         """The CSV row, kebab-case keys in field order."""

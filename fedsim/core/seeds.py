@@ -51,6 +51,8 @@ class SeedStream(enum.Enum):
     # The attacker: the audit and fedsim attack.
     AUDIT_VICTIMS = ("audit-victims", Party.ATTACKER, ("seed", "round"))
     ATTACK = ("attack", Party.ATTACKER, ("seed", "round", "partition"))
+    # The audit attacks a round's victims in batches; restarts are seeded per row.
+    AUDIT_ATTACK = ("audit-attack", Party.ATTACKER, ("seed", "round"))
     ATTACK_RESTART = ("attack-restart", Party.ATTACKER, ("attack-seed", "restart"))
     ATTACK_MODEL = ("attack-model", Party.ATTACKER, ("attack-seed",))
     ATTACK_CODES = ("attack-codes", Party.ATTACKER, ("attack-seed",))

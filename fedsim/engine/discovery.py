@@ -31,14 +31,21 @@ def _wait_for_nodes(grid: Grid, expected: int | None, wait_s: float) -> list[int
         time.sleep(0.05)
 
 
-def _query_partitions(grid: Grid, nodes: list[int]) -> dict[int, int]:
-    """Partition -> node by asking every node (a ``query`` message each)."""
+def _query_partitions(grid: Grid, nodes: list[int], wait_s: float) -> dict[int, int]:
+    """Partition -> node by asking every node (a ``query`` message each), within ``wait_s``."""
     queries = [
         Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=node)
         for node in nodes
     ]
     mapping: dict[int, int] = {}
-    for reply in grid.send_and_receive(queries):
+    replies = list(grid.send_and_receive(queries, timeout=wait_s))
+    if len(replies) < len(queries):
+        raise RuntimeError(
+            f"only {len(replies)} of {len(queries)} clients answered the first query within "
+            f"{wait_s:.0f} s: the client actors were never started or placed (see the "
+            "resources line at the start of the run)"
+        )
+    for reply in replies:
         if reply.has_error():
             raise RuntimeError(f"node {reply.metadata.src_node_id} failed discovery")
         partition = protocol.read_int(reply.content[protocol.METRICS], protocol.PARTITION_ID)
@@ -59,9 +66,9 @@ def discover_partitions(
     nodes = _wait_for_nodes(grid, expected, wait_s)
     mapping = registered_partitions(grid, nodes)
     if mapping is None:
-        return _query_partitions(grid, nodes)
+        return _query_partitions(grid, nodes, wait_s)
     spread = np.linspace(0, len(mapping) - 1, min(probes, len(mapping))).round()
-    answered = _query_partitions(grid, sorted({mapping[int(p)] for p in spread}))
+    answered = _query_partitions(grid, sorted({mapping[int(p)] for p in spread}), wait_s)
     wrong = [p for p, node in answered.items() if mapping.get(p) != node]
     if wrong:
         raise RuntimeError(

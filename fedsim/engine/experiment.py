@@ -33,6 +33,7 @@ from torch import nn
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
+from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.core.config import (
     ClientConfig,
     DataConfig,
@@ -154,6 +155,7 @@ class AttackExperiment:
     parallel: int = 8
     device: str = "auto"
     threads: int = 1
+    precision: Precision = "float32"
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
@@ -287,9 +289,10 @@ def run_attack_experiment(experiment: AttackExperiment) -> AttackOutcome:
     torch.set_num_threads(experiment.threads or threads)
     try:
         recs: list[Reconstruction] = []
-        for first in range(0, len(probes), experiment.parallel):
-            chunk = [p.observation for p in probes[first : first + experiment.parallel]]
-            recs += attack.reconstruct_many(chunk, seed=seed)
+        with attack_precision(experiment.precision):
+            for first in range(0, len(probes), experiment.parallel):
+                chunk = [p.observation for p in probes[first : first + experiment.parallel]]
+                recs += attack.reconstruct_many(chunk, seed=seed)
     finally:
         torch.set_num_threads(threads)
     scores = [

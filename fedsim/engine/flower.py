@@ -9,6 +9,11 @@ behaviour when the internal changed:
   hands messages to the client actors asks only nodes with a waiting message.
   Applied only when Flower's function is exactly the one it replaces
   (:data:`REPLACED_SOURCE`), and restored afterwards.
+- :func:`actor_pool_size`: Flower's simulation starts the number of client
+  actors fedsim's resource plan computed (:mod:`fedsim.engine.resources`)
+  instead of one per CPU/GPU share of each node's total, which leaves no room
+  for the audit. Applied only when Flower's actor pool still takes its size
+  from :data:`POOL_SIZE_CALL`, and restored afterwards.
 - :func:`registered_partitions`: the node of each partition, read from the
   order in which the simulation registered its nodes.
 - :func:`message_context`: lets tests and benches build server messages
@@ -120,6 +125,40 @@ def waiting_nodes_polling() -> Iterator[bool]:
         yield True
     finally:
         vce_api.add_messages_to_queue = original
+
+
+# How flwr 1.42's BasicActorPool sizes itself; actor_pool_size replaces the callee.
+POOL_SIZE_CALL = "self.actors_capacity = pool_size_from_resources(client_resources)"
+
+
+@contextmanager
+def actor_pool_size(actors: int) -> Iterator[bool]:
+    """Within the block, Flower's simulation starts exactly ``actors`` client actors.
+
+    Yields whether the replacement is active: it is not when Flower's actor
+    pool no longer calls :data:`POOL_SIZE_CALL` (then Flower counts actors
+    itself, and the run's bounded waits report any actor left unplaced).
+    """
+    from flwr.simulation.ray_transport import ray_actor
+
+    try:
+        sized_there = POOL_SIZE_CALL in inspect.getsource(ray_actor.BasicActorPool.__init__)
+    except (AttributeError, OSError, TypeError):
+        sized_there = False
+    if not sized_there:
+        log.warning("Flower's actor pool changed; it sizes itself from the cluster's totals")
+        yield False
+        return
+    original = ray_actor.pool_size_from_resources
+
+    def planned(client_resources: dict[str, int | float]) -> int:
+        return actors
+
+    ray_actor.pool_size_from_resources = planned
+    try:
+        yield True
+    finally:
+        ray_actor.pool_size_from_resources = original
 
 
 def registered_partitions(grid: Grid, nodes: list[int]) -> dict[int, int] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,15 @@ from fedsim.core.config import Scenario, component_params
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec
 from fedsim.core.training import client_config_record, pick_device
-from fedsim.engine.audit.auditor import AUDIT_RESOURCE, Auditor
+from fedsim.engine.audit.auditor import Auditor
 from fedsim.engine.audit.observe import ServerView
 from fedsim.engine.audit.wrapper import AuditedStrategy
 from fedsim.engine.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
 from fedsim.engine.discovery import discover_partitions
 from fedsim.engine.failures import FailurePlan, HideInjectedFailures, check_failures
-from fedsim.engine.flower import quiet_flower, waiting_nodes_polling
+from fedsim.engine.flower import actor_pool_size, quiet_flower, waiting_nodes_polling
 from fedsim.engine.loop import RoundCallback, run_rounds
+from fedsim.engine.resources import reserve_audit, start_ray
 from fedsim.engine.results import (
     CLIENT_STATE_DIR,
     RunRecorder,
@@ -39,6 +41,8 @@ from fedsim.engine.validate import validate
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
+
+SHUTDOWN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -60,22 +64,36 @@ def actor_count(scenario: Scenario) -> int:
 
 
 def backend_config(scenario: Scenario) -> dict[str, Any]:
-    """Flower's backend config: client resources and ``ray.init`` arguments."""
+    """Flower's backend config: the client actors' resources.
+
+    In a fedsim run Ray is already running (:func:`fedsim.engine.resources.start_ray`)
+    and Flower ignores ``init_args``; they matter only to benches that run a bare
+    Flower app on the same CPUs.
+    """
     backend = scenario.backend
-    init_args: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
-    if backend.address:
-        init_args["address"] = backend.address
-    else:
-        if scenario.audit.enabled:
-            init_args["resources"] = {AUDIT_RESOURCE: scenario.audit.workers}
-        init_args["num_cpus"] = _ray_cpus(scenario)
-        wants_gpu = backend.num_gpus > 0 or (scenario.audit.enabled and scenario.audit.num_gpus > 0)
-        init_args["num_gpus"] = None if wants_gpu else 0
-        init_args = {k: v for k, v in init_args.items() if v is not None}
     return {
         "client_resources": {"num_cpus": backend.num_cpus, "num_gpus": backend.num_gpus},
-        "init_args": init_args,
+        "init_args": {
+            "logging_level": logging.ERROR,
+            "log_to_driver": False,
+            "num_cpus": _ray_cpus(scenario),
+        },
     }
+
+
+def stop_ray(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Disconnect from Ray (stopping it when fedsim started it), waiting at most ``timeout``."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    stopper = threading.Thread(target=ray.shutdown, daemon=True)
+    stopper.start()
+    stopper.join(timeout)
+    if stopper.is_alive():
+        logging.getLogger(__name__).warning(
+            "Ray did not shut down within %.0f s; leaving it to exit with this process", timeout
+        )
 
 
 def serve(
@@ -165,39 +183,50 @@ def run_scenario(
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     check_failures(scenario, strategy_cls.min_replies)
     fed = scenario.federation
-    if resume is None:
-        run_dir = new_run_dir(scenario, out)
-        write_scenario(scenario, run_dir)
-    else:
-        run_dir = resume.run_dir
-    recorder = RunRecorder(run_dir, fed.rounds, console)
-    outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
-
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        try:
-            outcome.put(serve(grid, scenario, recorder, console, callbacks, resume))
-        except BaseException as err:  # re-raised in the caller's thread below
-            outcome.put(err)
-            raise
-
-    client_app = build_client_app(scenario, strategy_cls.client_routine, run_dir / CLIENT_STATE_DIR)
     quiet_flower(HideInjectedFailures())
-    console.print(
-        f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
-        f"{scenario.data.dataset}, {fed.num_clients} clients "
-        f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
-        + (f" (resuming after round {resume.round})" if resume is not None else "")
-    )
-    with waiting_nodes_polling():
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=fed.num_clients,
-            backend_config=backend_config(scenario),
+    # Before any work: a split that cannot fit is refused here (for a cluster,
+    # right after connecting to it).
+    plan = start_ray(scenario)
+    try:
+        if resume is None:
+            run_dir = new_run_dir(scenario, out)
+            write_scenario(scenario, run_dir)
+        else:
+            run_dir = resume.run_dir
+        recorder = RunRecorder(run_dir, fed.rounds, console)
+        outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
+
+        server_app = ServerApp()
+
+        @server_app.main()
+        def main(grid: Grid, context: Context) -> None:
+            try:
+                outcome.put(serve(grid, scenario, recorder, console, callbacks, resume))
+            except BaseException as err:  # re-raised in the caller's thread below
+                outcome.put(err)
+                raise
+
+        client_app = build_client_app(
+            scenario, strategy_cls.client_routine, run_dir / CLIENT_STATE_DIR
         )
+        console.print(
+            f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
+            f"{scenario.data.dataset}, {fed.num_clients} clients "
+            f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
+            + (f" (resuming after round {resume.round})" if resume is not None else "")
+        )
+        console.print(plan.describe(), markup=False)
+        plan.write(run_dir)
+        reserve_audit(plan, scenario.backend.wait_timeout)
+        with waiting_nodes_polling(), actor_pool_size(plan.actors):
+            run_simulation(
+                server_app=server_app,
+                client_app=client_app,
+                num_supernodes=fed.num_clients,
+                backend_config=backend_config(scenario),
+            )
+    finally:
+        stop_ray()
     if outcome.empty():
         raise RuntimeError("the simulation ended without a result; see the log above")
     result = outcome.get()

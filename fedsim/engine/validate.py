@@ -20,6 +20,7 @@ from fedsim.core.config import ComponentConfig, Scenario, ScenarioError, compone
 from fedsim.core.data import DATASETS, check_dataset_available
 from fedsim.core.models import INITS, MODELS
 from fedsim.core.partition import PARTITIONERS
+from fedsim.engine.resources import test_logical_gpus
 from fedsim.strategies import STRATEGIES
 
 
@@ -45,8 +46,12 @@ def check_components(scenario: Scenario) -> None:
 
 
 def check_gpu_request(num_gpus: float, key: str) -> None:
-    """Ray waits forever for GPUs that do not exist; refuse instead."""
-    if num_gpus > 0 and not torch.cuda.is_available():
+    """Ray waits forever for GPUs that do not exist; refuse instead.
+
+    Tests alone may grant logical GPUs (:data:`~fedsim.engine.resources.TEST_LOGICAL_GPUS_ENV`):
+    Ray then schedules GPU shares and everything runs on CPU.
+    """
+    if num_gpus > 0 and not torch.cuda.is_available() and not test_logical_gpus():
         raise ScenarioError(key, num_gpus, "must be 0 on a machine without a CUDA GPU")
 
 

@@ -1,0 +1,310 @@
+"""The resource plan: client actors beside a reserved audit, refused splits, bounded waits.
+
+Simulations use Ray's logical GPUs on this CPU-only machine through the
+test-only switch ``FEDSIM_TEST_LOGICAL_GPUS``: Ray schedules GPU shares while
+every component runs on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+import torch
+
+from fedsim.attacks.precision import attack_precision
+from fedsim.cli import main
+from fedsim.core.config import ScenarioError, load_scenario
+from fedsim.engine.audit.auditor import AUDIT_FILE
+from fedsim.engine.resources import (
+    RESOURCES_FILE,
+    TEST_LOGICAL_GPUS_ENV,
+    NodeResources,
+    ResourceError,
+    plan_resources,
+)
+from fedsim.engine.runner import run_scenario
+from fedsim.engine.validate import check_gpu_request
+
+REPO = Path(__file__).resolve().parents[1]
+AUDIT_FEDAVG = REPO / "scenarios" / "audit-fedavg.toml"
+# A DLG budget that only has to finish: these tests check scheduling, not leakage.
+SHORT_AUDIT = ["federation.rounds=2", "audit.attacks=[{name='dlg', steps=5, restarts=1}]"]
+ONE_GPU = [NodeResources("gpu-node", 16.0, 1.0)]
+
+
+def _scenario(*overrides: str):  # type: ignore[no-untyped-def]
+    return load_scenario(AUDIT_FEDAVG, [*SHORT_AUDIT, *overrides])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the plan ----------------------------------------------------------------------
+
+
+def test_quarter_gpu_clients_leave_the_audit_its_half() -> None:
+    # Flower alone would start 4 actors x 0.25 GPU and starve a 0.5 GPU attack.
+    scenario = _scenario("backend.num-gpus=0.25", "audit.num-gpus=0.5")
+
+    plan = plan_resources(scenario, ONE_GPU, "a node")
+
+    assert plan.actors == 2
+    assert plan.actors * plan.actor_gpus + plan.audit_workers * plan.audit_gpus <= 1.0
+    assert plan.bundles() == [{"CPU": 1.0, "GPU": 0.5}]
+
+
+def test_cpu_reservation_comes_out_of_a_clusters_cpus() -> None:
+    scenario = _scenario("audit.workers=2", "audit.threads-per-attack=2")
+    nodes = [NodeResources("a", 4.0, 0.0), NodeResources("b", 4.0, 0.0, "node:10.0.0.2")]
+
+    plan = plan_resources(scenario, nodes, "the cluster")
+
+    assert plan.actors == 4  # 8 CPUs - 2 x 2 reserved
+    assert sum(b["CPU"] for b in plan.bundles()) == 4.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fix"),
+    [
+        (
+            ["backend.num-gpus=0.75", "audit.num-gpus=0.5"],
+            "backend.num-gpus",
+            "backend.num-gpus = 0.5",
+        ),
+        (["audit.num-gpus=0.5", "audit.workers=3"], "audit.workers", "audit.workers = 2"),
+        (["audit.num-gpus=2"], "audit.workers", "audit.num-gpus = 0.5"),
+    ],
+)
+def test_a_split_that_cannot_fit_names_keys_machine_and_a_fix(
+    overrides: list[str], key: str, fix: str
+) -> None:
+    with pytest.raises(ResourceError) as err:
+        plan_resources(_scenario(*overrides), ONE_GPU, "a node")
+
+    message = str(err.value)
+    assert "\n" not in message
+    assert key in message and "16 CPUs and 1 GPUs" in message
+    assert message.endswith(f"a split that fits: {fix}")
+
+
+def test_suggested_split_fits() -> None:
+    with pytest.raises(ResourceError) as err:
+        plan_resources(_scenario("backend.num-gpus=0.75", "audit.num-gpus=0.5"), ONE_GPU, "a node")
+    suggested = str(err.value).rsplit("a split that fits: ", 1)[1]
+
+    plan = plan_resources(
+        _scenario("audit.num-gpus=0.5", suggested.replace(" = ", "=")), ONE_GPU, "a node"
+    )
+
+    assert plan.actors >= 1
+
+
+def test_gpus_on_a_machine_without_cuda_are_for_tests_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.delenv(TEST_LOGICAL_GPUS_ENV, raising=False)
+    with pytest.raises(ScenarioError, match="without a CUDA GPU"):
+        check_gpu_request(0.25, "backend.num-gpus")
+    monkeypatch.setenv(TEST_LOGICAL_GPUS_ENV, "1")
+    check_gpu_request(0.25, "backend.num-gpus")
+
+
+def test_refused_split_costs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(TEST_LOGICAL_GPUS_ENV, "1")
+
+    status = main(
+        [
+            "run",
+            str(AUDIT_FEDAVG),
+            "--set",
+            "backend.num-gpus=0.75",
+            "--set",
+            "audit.num-gpus=0.5",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
+
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "backend.num-gpus" in err
+    assert not (tmp_path / "run").exists()
+    assert not ray.is_initialized()  # refused before Ray started
+
+
+def test_a_cluster_address_pointing_nowhere_fails_within_seconds(tmp_path: Path) -> None:
+    scenario = _scenario(f"backend.address='127.0.0.1:{_free_port()}'")
+    started = time.perf_counter()
+
+    with pytest.raises(ScenarioError, match="no Ray cluster answers"):
+        run_scenario(scenario, tmp_path / "run")
+
+    # A refused connection answers at once, an unroutable host after the 5 s connect
+    # limit; the margin is for a loaded machine (ray.init alone would retry for minutes).
+    assert time.perf_counter() - started < 30
+    assert not (tmp_path / "run").exists()
+
+
+def test_attack_precision_switches_tf32_off_and_restores() -> None:
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv  # type: ignore[attr-defined]
+    before = (matmul.fp32_precision, conv.fp32_precision, torch.get_default_dtype())
+
+    with attack_precision("float64") as dtype:
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+        assert dtype == torch.float64 and torch.zeros(1).dtype == torch.float64
+
+    assert (matmul.fp32_precision, conv.fp32_precision, torch.get_default_dtype()) == before
+
+
+# -- real simulations on logical GPUs ------------------------------------------------
+
+
+def _check_audited_run(run_dir: Path, actors: int) -> None:
+    plan = json.loads((run_dir / RESOURCES_FILE).read_text())
+    assert plan["actors"] == actors and plan["audit_gpus"] == 0.5
+    audit = pd.read_csv(run_dir / AUDIT_FILE)
+    assert sorted(audit["round"]) == [1, 2]
+    # A logical GPU without CUDA runs on CPU, and says so.
+    assert set(audit["device"]) == {"cuda" if torch.cuda.is_available() else "cpu"}
+    assert audit["psnr"].notna().all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_quarter_gpu_clients_and_half_gpu_audit_complete(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TEST_LOGICAL_GPUS_ENV, "1")
+    scenario = _scenario("backend.num-gpus=0.25", "audit.num-gpus=0.5", f"audit.mode='{mode}'")
+
+    result = run_scenario(scenario, tmp_path / mode)
+
+    assert [r["round"] for r in result.rounds] == [1, 2]
+    _check_audited_run(tmp_path / mode, actors=2)
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s process tree, from /proc (Linux)."""
+    parent_of: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name (field 2) may hold spaces; fields after it are plain.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent_of[int(stat.parent.name)] = int(fields[1])
+    tree, frontier = [], [pid]
+    while frontier:
+        children = [c for c, p in parent_of.items() if p in frontier]
+        tree += children
+        frontier = children
+    return tree
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def _stop_tree(root: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process tree of ``root`` by PID, SIGKILL what is left after 15 s."""
+    pids = [root.pid, *_descendants(root.pid)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        root.poll()  # reap the head so it does not linger as a zombie
+        time.sleep(0.2)
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    root.wait(timeout=15)
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[str]:
+    """A Ray head on 127.0.0.1 of this test's own (own temp dir), stopped by its PIDs."""
+    port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray-t13-", dir="/tmp")  # short: Ray's socket paths
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [
+            str(ray_cli),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=3",
+            "--num-gpus=1",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or head.poll() is not None:
+                    raise RuntimeError("the test's Ray head did not start") from None
+                time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop_tree(head)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_audited_run_on_a_separately_started_cluster(
+    ray_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TEST_LOGICAL_GPUS_ENV, "1")  # the cluster's GPU is logical too
+    scenario = _scenario(
+        f"backend.address='{ray_cluster}'", "backend.num-gpus=0.25", "audit.num-gpus=0.5"
+    )
+
+    run_scenario(scenario, tmp_path / "cluster")
+
+    # 3 CPUs - 1 reserved for the audit = 2 actors (and 2 x 0.25 + 0.5 GPU = 1).
+    _check_audited_run(tmp_path / "cluster", actors=2)
+    where = json.loads((tmp_path / "cluster" / RESOURCES_FILE).read_text())["where"]
+    assert ray_cluster in where
