@@ -13,6 +13,7 @@ from inprocess import InProcessRun, run_inprocess, tiny_table
 
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import (
+    DPSGD,
     ClipParams,
     DPSGDParams,
     GaussianNoise,
@@ -177,6 +178,70 @@ def test_dp_sgd_clips_per_example_gradients() -> None:
 
     assert global_norm(_update(plain)) > 10 * 3 * 0.1 * 1e-3
     assert global_norm(_update(run)) <= 3 * 0.1 * 1e-3 * (1 + 1e-3)
+
+
+FEDCG_DP = {"name": "dp-sgd", "noise-multiplier": 1.1, "max-grad-norm": 1.0}
+
+
+@pytest.fixture(scope="module")
+def fedcg_dp_run() -> InProcessRun:
+    """FedCG under DP-SGD: 3 stage-1 steps and 4 GAN steps per client (a few seconds)."""
+    strategy = {"name": "fedcg", "distill-iterations": 2, "gan-steps": 4}
+    table = tiny_table(
+        strategy,
+        federation={"num-clients": 2, "rounds": 1},
+        data={"samples-per-client": 80},
+        client={"local-steps": 3},
+    )
+    return run_inprocess(validate(scenario_from_dict({**table, "defences": [FEDCG_DP]})))
+
+
+def test_dp_sgd_accounts_fedcg_gan_steps(fedcg_dp_run: InProcessRun) -> None:
+    from opacus.accountants import RDPAccountant
+
+    reply = fedcg_dp_run.grid.replies("train")[0].content.metric_records["metrics"]
+    train_size = len(fedcg_dp_run.env(0).split.train)
+    reference = RDPAccountant()
+    for _ in range(3 + 4):  # stage 1's steps, then the discriminator's
+        reference.step(noise_multiplier=1.1, sample_rate=16 / train_size)
+
+    assert reply[protocol.DP_EPSILON] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+
+
+def test_dp_sgd_keeps_fedcg_discriminator_batchnorm_off_the_data(
+    fedcg_dp_run: InProcessRun,
+) -> None:
+    # BatchNorm statistics of real features would reach the discriminator,
+    # hence the generator, outside the per-example clipping.
+    private = fedcg_dp_run.private_per_round[0][0]
+    assert private is not None
+    stats = {k: v for k, v in private.to_torch_state_dict().items() if "running_" in k}
+
+    assert stats and all(
+        torch.equal(v, torch.zeros_like(v) if "mean" in k else torch.ones_like(v))
+        for k, v in stats.items()
+    )
+
+
+def test_private_gradients_average_clipped_example_gradients(
+    fedcg_dp_run: InProcessRun,
+) -> None:
+    params = DPSGDParams(noise_multiplier=1e-9, max_grad_norm=0.5)
+    private = DPSGD(params).training(fedcg_dp_run.env(0, state=RecordDict()), server_round=1)
+    layer = torch.nn.Linear(3, 1, bias=False)
+    torch.nn.init.ones_(layer.weight)
+    inputs = torch.tensor([[0.1, 0.0, 0.0], [3.0, 4.0, 0.0]])  # gradient norms 0.1 and 5
+    cfg = fedcg_dp_run.strategy.server.scenario.client
+
+    loss = private.private_gradients(
+        layer, lambda i: layer(inputs[i]).sum(), batch=2, cfg=cfg, examples=100
+    )
+
+    expected = (inputs[0] + inputs[1] * 0.5 / 5.0) / 2  # the second clipped to norm 0.5
+    assert layer.weight.grad is not None
+    assert torch.allclose(layer.weight.grad[0], expected, atol=1e-6)
+    assert loss == pytest.approx((0.1 + 7.0) / 2)
+    assert private.epsilon() > 0  # the step was accounted
 
 
 def test_probe_gradient_carries_the_clients_defences() -> None:

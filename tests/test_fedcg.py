@@ -15,13 +15,19 @@ from fedsim.clients.fedcg import FedCGClient
 from fedsim.clients.private_state import state_file
 from fedsim.core import protocol
 from fedsim.core.config import ModelConfig, ScenarioError, scenario_from_dict
-from fedsim.core.gan import build_gan_split_net, build_generator
+from fedsim.core.gan import GanSplitNet, build_gan_split_net, build_generator
 from fedsim.core.models import InputSpec
 from fedsim.engine.results import CLIENT_STATE_DIR, METRICS_FILE
 from fedsim.engine.runner import run_scenario
 from fedsim.engine.validate import check_components
-from fedsim.strategies.distillation import Teacher, distill, sample_codes, teacher_student_kl
+from fedsim.strategies.distillation import (
+    Teacher,
+    distill_if_better,
+    sample_codes,
+    teacher_student_kl,
+)
 from fedsim.strategies.fedcg import gamma_schedule
+from fedsim.strategies.fedsplit import FedSplit
 
 RAMP = 2
 MODEL = ModelConfig("lenet5-split")
@@ -87,20 +93,75 @@ def _teachers(count: int) -> list[Teacher]:
     return teachers
 
 
-def test_distillation_lowers_teacher_student_kl_on_fresh_codes() -> None:
-    teachers = _teachers(3)
+def _averaged_student(teachers: list[Teacher]) -> GanSplitNet:
     student = build_gan_split_net(MODEL, SPEC, seed=0)
     with torch.no_grad():  # the weighted average the server starts from
         for name, param in student.named_parameters():
             if name.startswith(SHARED):
                 param.copy_(sum(t.weight * dict(t.net.named_parameters())[name] for t in teachers))
-    z, y = sample_codes(256, student, torch.Generator().manual_seed(999))
+    return student
 
-    before = teacher_student_kl(student, teachers, z, y)
-    distill(student, teachers, iterations=30, batch_size=16, lr=1e-3, seed=1)
-    after = teacher_student_kl(student, teachers, z, y)
 
-    assert after < 0.2 * before, (before, after)
+def test_distillation_that_raises_held_out_kl_is_undone() -> None:
+    # Two nearly equal teachers: their average is already close to the
+    # ensemble, and a fresh Adam at a large lr moves every weight by ~lr.
+    base = build_gan_split_net(MODEL, SPEC, seed=3)
+    nets = [build_gan_split_net(MODEL, SPEC, seed=3) for _ in range(2)]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for net in nets:
+            for param in net.parameters():
+                param.add_(1e-3 * torch.randn_like(param))
+    teachers = [Teacher(0.5, net) for net in nets]
+    student = _averaged_student(teachers)
+    start = {k: v.clone() for k, v in student.state_dict().items()}
+    codes = sample_codes(256, base, torch.Generator().manual_seed(999))
+
+    outcome = distill_if_better(
+        student, teachers, codes, iterations=5, batch_size=16, lr=1e-2, seed=1
+    )
+
+    assert outcome.kl_distilled > outcome.kl_before > 0
+    assert not outcome.accepted
+    assert outcome.kl_after == outcome.kl_before
+    assert all(torch.equal(v, start[k]) for k, v in student.state_dict().items())
+
+
+def test_distillation_that_lowers_held_out_kl_is_kept() -> None:
+    # Confident, disagreeing teachers: far from their average, a real target.
+    teachers = _teachers(3)
+    student = _averaged_student(teachers)
+    codes = sample_codes(256, student, torch.Generator().manual_seed(999))
+
+    outcome = distill_if_better(
+        student, teachers, codes, iterations=30, batch_size=16, lr=1e-3, seed=1
+    )
+
+    assert outcome.accepted
+    assert outcome.kl_after == outcome.kl_distilled < 0.2 * outcome.kl_before
+    assert teacher_student_kl(student, teachers, *codes) == pytest.approx(outcome.kl_after)
+
+
+def test_each_round_keeps_the_pair_with_the_lower_held_out_kl(fedcg_run: InProcessRun) -> None:
+    for server_round, record in enumerate(fedcg_run.records, start=1):
+        metrics = record.train
+        before = metrics[protocol.DISTILL_KL_BEFORE]
+        distilled = metrics[protocol.DISTILL_KL_DISTILLED]
+        accepted = bool(metrics[protocol.DISTILL_ACCEPTED])
+        replies = [
+            reply
+            for sent, reply in fedcg_run.grid.exchanges
+            if sent.metadata.message_type == "train"
+            and sent.content["config"][protocol.SERVER_ROUND] == server_round
+        ]
+        average, _ = FedSplit.aggregate_train(fedcg_run.strategy, server_round, replies)
+        kept = fedcg_run.arrays_per_round[server_round - 1].to_torch_state_dict()
+
+        assert metrics[protocol.DISTILL_KL_AFTER] <= before
+        assert accepted == (distilled < before)
+        assert metrics[protocol.DISTILL_KL_AFTER] == (distilled if accepted else before)
+        unchanged = all(torch.equal(v, kept[k]) for k, v in average.to_torch_state_dict().items())
+        assert unchanged == (not accepted), server_round
 
 
 def _feature_gap(run: InProcessRun, generator_round: int, extractor_round: int) -> float:
@@ -156,7 +217,15 @@ def test_fedcg_simulation_keeps_extractor_and_discriminator_private(tmp_path: Pa
 
     assert {k.split(".")[0] for k in result.final_arrays} == {"classifier", "generator"}
     metrics = pd.read_csv(tmp_path / "run" / METRICS_FILE)
-    assert {"distill-kl-before", "distill-kl-after", "gan-d-loss"} <= set(metrics)
+    distill_columns = {
+        protocol.DISTILL_KL_BEFORE,
+        protocol.DISTILL_KL_DISTILLED,
+        protocol.DISTILL_KL_AFTER,
+        protocol.DISTILL_ACCEPTED,
+        protocol.DISTILL_SECONDS,
+    }
+    assert {*distill_columns, protocol.GAN_D_LOSS} <= set(metrics)
+    assert (metrics[protocol.DISTILL_KL_AFTER] <= metrics[protocol.DISTILL_KL_BEFORE]).all()
     assert metrics["client-eval-acc"].notna().all()
     for partition in range(3):
         saved = torch.load(

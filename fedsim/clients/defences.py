@@ -34,9 +34,14 @@ Table 2 adds its noise "to shared gradients"): the same chain acts on that
 gradient, in gradient units, and ``dp-sgd`` clips it and adds the noise of one
 DP-SGD step (exact for a probe batch of one; a larger batch is clipped as a whole).
 
-Limits: ``dp-sgd`` covers :func:`fedsim.core.training.train_local`, hence FedAvg,
-FedSplit, local and FedCG's first stage, not FedCG's GAN stage (its generator
-is uploaded without DP); it refuses FedProx, whose proximal term Opacus's
+``dp-sgd`` covers :func:`fedsim.core.training.train_local`, hence FedAvg,
+FedSplit, local and FedCG's first stage, and FedCG's GAN stage: there only the
+discriminator reads data (the extractor's features of real images), so its
+steps are DP-SGD steps (:meth:`DPTraining.private_gradients`, per-example
+clipping and noise, accounted with the first stage's), its BatchNorm layers
+frozen at their running statistics so that no example reaches another's
+output; the uploaded generator learns only through it, so it is covered by
+post-processing. Limits: it refuses FedProx, whose proximal term Opacus's
 optimiser would drop, and models with BatchNorm. The accountant assumes
 Poisson sampling at rate batch/examples, where clients draw shuffled batches
 (the usual approximation).
@@ -47,6 +52,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -237,10 +243,9 @@ class DPSGD(Defence):
         return {k: t + _noise(rng.normal, t, std) for k, t in clipped.items()}
 
     def training(self, env: ClientEnv, server_round: int) -> DPTraining:
-        seed = derive_seed(
-            SeedStream.DP_SGD, env.scenario.federation.seed, server_round, env.partition_id
-        )
-        return DPTraining(self.params, env, seed)
+        parts = (env.scenario.federation.seed, server_round, env.partition_id)
+        seeds = (derive_seed(SeedStream.DP_SGD, *parts), derive_seed(SeedStream.DP_SGD_GAN, *parts))
+        return DPTraining(self.params, env, *seeds)
 
 
 class DPTraining:
@@ -252,10 +257,11 @@ class DPTraining:
     epsilon of a resumed run goes on growing.
     """
 
-    def __init__(self, params: DPSGDParams, env: ClientEnv, seed: int) -> None:
+    def __init__(self, params: DPSGDParams, env: ClientEnv, seed: int, manual_seed: int) -> None:
         self.params = params
         self.env = env
         self.seed = seed
+        self._manual_noise = torch.Generator().manual_seed(manual_seed)
         from opacus.accountants import create_accountant
 
         self.accountant = create_accountant(params.accountant)
@@ -300,6 +306,42 @@ class DPTraining:
         for p in self._frozen:
             p.requires_grad_(True)
         self._frozen = []
+
+    def private_gradients(
+        self,
+        module: nn.Module,
+        example_loss: Callable[[int], torch.Tensor],
+        batch: int,
+        cfg: ClientConfig,
+        examples: int,
+    ) -> float:
+        """Set ``module``'s gradients to one accounted DP-SGD step's; return the mean loss.
+
+        For steps :func:`~fedsim.core.training.train_local` does not take
+        (FedCG's discriminator): the gradient of each of the ``batch`` losses
+        ``example_loss(i)`` is clipped to ``max-grad-norm``, they are summed,
+        Gaussian noise of std ``noise-multiplier * max-grad-norm`` is added and
+        the sum divided by ``batch``, as Opacus's optimiser does.
+        """
+        p = self.params
+        params = [q for q in module.parameters() if q.requires_grad]
+        summed = [torch.zeros_like(q) for q in params]
+        total = 0.0
+        for i in range(batch):
+            loss = example_loss(i)
+            grads = torch.autograd.grad(loss, params)
+            norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+            factor = min(1.0, p.max_grad_norm / (norm + 1e-6))
+            for acc, g in zip(summed, grads, strict=True):
+                acc.add_(g, alpha=factor)
+            total += float(loss.detach())
+        std = p.noise_multiplier * p.max_grad_norm
+        for q, acc in zip(params, summed, strict=True):
+            noise = torch.normal(0.0, std, acc.shape, generator=self._manual_noise)
+            q.grad = (acc + noise.to(acc.device)) / batch
+        rate = min(1.0, cfg.batch_size / max(1, examples))
+        self.accountant.step(noise_multiplier=p.noise_multiplier, sample_rate=rate)
+        return total / max(1, batch)
 
     def epsilon(self) -> float:
         """Epsilon spent by every step so far, at the configured delta (0 before any)."""

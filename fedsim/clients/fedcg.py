@@ -12,6 +12,13 @@ classifier and generator (``classifier.*``, ``generator.*``), then
    plus the optional diversity (mode-seeking) loss
    ``w / (mean|G(z1, y) - G(z2, y)| / mean|z1 - z2| + 1e-5)``.
 
+Under a ``dp-sgd`` defence both stages are DP-SGD: stage 1 through
+:func:`~fedsim.core.training.train_local`'s training hook, stage 2's
+discriminator steps (the only ones reading data) through
+:meth:`~fedsim.clients.defences.DPTraining.private_gradients`, with the
+discriminator's BatchNorm layers frozen at their running statistics; the
+generator learns only through the discriminator.
+
 It uploads ``classifier.*`` (C_i after stage 1) and ``generator.*`` (G_i,
 BatchNorm buffers included); E_i and D_i stay private
 (:mod:`fedsim.clients.private_state`). Evaluation is FedSplit's personalised one.
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -34,6 +42,7 @@ from torch import nn
 
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv
+from fedsim.clients.defences import DPTraining
 from fedsim.clients.fedsplit import FedSplitClient
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig
@@ -41,6 +50,7 @@ from fedsim.core.gan import ConditionalGenerator, GanSplitNet, build_gan_split_n
 from fedsim.core.models import SplitNet
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import (
+    TRAINING_HOOK,
     LossFn,
     batch_indices,
     client_config_from_record,
@@ -78,6 +88,24 @@ def diversity_loss(
     return 1.0 / (ratio + 1e-5)
 
 
+def discriminator_loss(
+    discriminator: nn.Module, real: torch.Tensor, fake: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """``BCE(D(real, y), 1) + BCE(D(fake, y), 0)``, means over the batch."""
+    ones, zeros = torch.ones(len(y), device=y.device), torch.zeros(len(y), device=y.device)
+    return F.binary_cross_entropy(discriminator(real, y), ones) + F.binary_cross_entropy(
+        discriminator(fake, y), zeros
+    )
+
+
+def example_loss(
+    discriminator: nn.Module, real: torch.Tensor, fake: torch.Tensor, y: torch.Tensor, i: int
+) -> torch.Tensor:
+    """:func:`discriminator_loss` of the batch's ``i``-th real and fake example."""
+    one = slice(i, i + 1)
+    return discriminator_loss(discriminator, real[one], fake[one], y[one])
+
+
 def train_gan(
     net: GanSplitNet,
     images: torch.Tensor,
@@ -86,7 +114,13 @@ def train_gan(
     seed: int,
     diversity_weight: float,
 ) -> GanStats:
-    """Stage 2: the conditional GAN on the frozen extractor's features."""
+    """Stage 2: the conditional GAN on the frozen extractor's features.
+
+    Under DP-SGD (a :class:`~fedsim.clients.defences.DPTraining` training hook)
+    each discriminator step is a private one.
+    """
+    hook = TRAINING_HOOK.get()
+    private = hook if isinstance(hook, DPTraining) else None
     device = next(net.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -97,6 +131,10 @@ def train_gan(
     net.extractor.eval()
     net.generator.train()
     net.discriminator.train()
+    if private is not None:  # batch statistics would mix the examples of a batch
+        for layer in net.discriminator.modules():
+            if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+                layer.eval()
     d_total, g_total, steps = 0.0, 0.0, 0
     for idx in batch_indices(len(labels), cfg, generator):
         x, y = images[idx].to(device), labels[idx].to(device)
@@ -104,15 +142,24 @@ def train_gan(
             real = net.extractor(x)
         z = torch.randn(len(y), net.generator.noise_dim, device=device)
         fake = net.generator(z, y)
-        ones, zeros = torch.ones(len(y), device=device), torch.zeros(len(y), device=device)
-
-        d_loss = F.binary_cross_entropy(net.discriminator(real, y), ones) + F.binary_cross_entropy(
-            net.discriminator(fake.detach(), y), zeros
-        )
+        fixed = fake.detach()  # the discriminator's step leaves the generator alone
         opt_d.zero_grad(set_to_none=True)
-        d_loss.backward()
+        if private is None:
+            d_loss = discriminator_loss(net.discriminator, real, fixed, y)
+            d_loss.backward()
+        else:
+            d_loss = torch.tensor(
+                private.private_gradients(
+                    net.discriminator,
+                    functools.partial(example_loss, net.discriminator, real, fixed, y),
+                    len(y),
+                    cfg,
+                    len(labels),
+                )
+            )
         opt_d.step()
 
+        ones = torch.ones(len(y), device=device)
         g_loss = F.binary_cross_entropy(net.discriminator(fake, y), ones)
         if diversity_weight > 0:
             z_other = torch.randn_like(z)

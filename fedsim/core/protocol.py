@@ -76,6 +76,14 @@ SECONDS = "seconds"
 AUDIT_PSNR = "audit-psnr"  # sync audits: this round's means over attacks and victims
 AUDIT_SSIM = "audit-ssim"
 AUDIT_LABEL_ACC = "audit-label-acc"
+# FedCG's server distillation: teacher-student KL on held-out codes before it,
+# of the distilled pair, and of the pair kept (the distilled one only when it
+# lowered the KL: ``distill-accepted`` 1, else 0), and its wall seconds.
+DISTILL_KL_BEFORE = "distill-kl-before"
+DISTILL_KL_DISTILLED = "distill-kl-distilled"
+DISTILL_KL_AFTER = "distill-kl-after"
+DISTILL_ACCEPTED = "distill-accepted"
+DISTILL_SECONDS = "distill-seconds"
 
 # -- clients.csv: one row per client, phase and round -----------------------------
 PHASE = "phase"

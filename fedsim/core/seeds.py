@@ -46,6 +46,7 @@ class SeedStream(enum.Enum):
     DEFENCE_UPLOAD = ("defence-upload", Party.FEDERATION, ("seed", "round", "partition"))
     DEFENCE_PROBE = ("defence-probe", Party.FEDERATION, ("seed", "round", "partition"))
     DP_SGD = ("dp-sgd", Party.FEDERATION, ("seed", "round", "partition"))
+    DP_SGD_GAN = ("dp-sgd-gan", Party.FEDERATION, ("seed", "round", "partition"))
     DISTILL = ("distill", Party.FEDERATION, ("seed", "round"))
     DISTILL_PROBE = ("distill-probe", Party.FEDERATION, ("seed", "round"))
     # The attacker: the audit and fedsim attack.
