@@ -24,6 +24,11 @@ class RunCommand:
         )
         parser.add_argument("--out", help="run directory (default: <output.dir>/<name>-<time>)")
         parser.add_argument(
+            "--force",
+            action="store_true",
+            help="run into an --out folder that holds files, replacing the run files in it",
+        )
+        parser.add_argument(
             "--resume",
             metavar="RUN_DIR",
             help="continue a stopped run after its last completed round, "
@@ -37,18 +42,20 @@ class RunCommand:
 
         try:
             if args.resume:
-                if args.scenario or args.overrides or args.out:
+                if args.scenario or args.overrides or args.out or args.force:
                     raise ScenarioError(
                         "--resume",
                         args.resume,
-                        "takes no scenario file, --set or --out: the run continues "
+                        "takes no scenario file, --set, --out or --force: the run continues "
                         "with its own scenario.toml in its own directory",
                     )
                 scenario, checkpoint = open_resume(args.resume)
                 run_scenario(scenario, resume=checkpoint)
             else:
                 require(bool(args.scenario), "scenario", None, "give a file, or --resume RUN_DIR")
-                run_scenario(load_scenario(args.scenario, args.overrides), args.out)
+                run_scenario(
+                    load_scenario(args.scenario, args.overrides), args.out, force=args.force
+                )
         except TooFewReplies as err:
             print(
                 f"fedsim: error: {err}. Every completed round is checkpointed: "

@@ -152,11 +152,14 @@ def run_scenario(
     console: Console | None = None,
     callbacks: tuple[RoundCallback, ...] = (),
     resume: Checkpoint | None = None,
+    force: bool = False,
 ) -> RunResult:
     """Validate ``scenario`` and run it as a Flower simulation on Ray.
 
     With ``resume`` (from :func:`fedsim.engine.checkpoint.open_resume`) the run
-    continues in the checkpoint's run directory after its last round.
+    continues in the checkpoint's run directory after its last round. An
+    ``out`` folder holding files is refused unless ``force`` (which clears the
+    run files in it).
     """
     from flwr.simulation import run_simulation
 
@@ -166,7 +169,7 @@ def run_scenario(
     check_failures(scenario, strategy_cls.min_replies)
     fed = scenario.federation
     if resume is None:
-        run_dir = new_run_dir(scenario, out)
+        run_dir = new_run_dir(scenario, out, force)
         write_scenario(scenario, run_dir)
     else:
         run_dir = resume.run_dir
@@ -204,5 +207,5 @@ def run_scenario(
     if isinstance(result, BaseException):
         raise result
     save_model(result, run_dir)
-    console.print(write_summary(scenario, recorder.rows, run_dir))
+    console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
     return RunResult(run_dir, recorder.rows, result)
