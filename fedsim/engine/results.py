@@ -7,6 +7,7 @@ resumed run needs (:mod:`fedsim.engine.checkpoint`).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -37,6 +38,8 @@ AUDIT_IMAGES = "audit"  # truth above reconstruction, one PNG per attack
 CLIENT_STATE_DIR = "client_state"  # client-private files; never read by the server
 CHECKPOINT_DIR = "checkpoint"
 REPORT_FILE = "report.html"
+RUN_INFO_FILE = "run.json"  # what a finished run measured about itself (wall seconds)
+WALL_SECONDS = "wall-seconds"
 TENSORBOARD_DIR = "tensorboard"
 RAY_SESSION_FILE = "ray-session.json"  # the run's Ray processes, reaped by the next run
 # Everything a run writes into its folder: what ``--force`` clears.
@@ -46,6 +49,7 @@ RUN_OUTPUTS = (
     CLIENTS_FILE,
     MODEL_FILE,
     SUMMARY_FILE,
+    RUN_INFO_FILE,
     AUDIT_FILE,
     AUDIT_IMAGES,
     CLIENT_STATE_DIR,
@@ -302,7 +306,16 @@ def write_summary(
     lines += audit_summary_lines(run_dir)
     text = "\n".join(lines) + "\n"
     (run_dir / SUMMARY_FILE).write_text(text)
+    (run_dir / RUN_INFO_FILE).write_text(json.dumps({WALL_SECONDS: wall_seconds}) + "\n")
     return text
+
+
+def read_wall_seconds(run_dir: Path) -> float:
+    """A finished run's true wall time (nan for a run without :data:`RUN_INFO_FILE`)."""
+    path = run_dir / RUN_INFO_FILE
+    if not path.is_file():
+        return math.nan
+    return float(json.loads(path.read_text()).get(WALL_SECONDS, math.nan))
 
 
 def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) -> list[str]:
