@@ -33,6 +33,7 @@ class CompareCommand:
             load_spec,
             run_sweep,
         )
+        from fedsim.engine.results import REPORT_FILE as HTML_REPORT
 
         spec, base = load_spec(args.spec)
         configs = configurations(spec, base)
@@ -44,7 +45,7 @@ class CompareCommand:
                 console.print(f"{'done' if done else 'to run'}  {config.path}  ({config.label})")
             return 0
         outcome = run_sweep(spec, configs, out, console)
-        console.print(f"\nreport: {out / REPORT_FILE}")
+        console.print(f"\nreport: {out / HTML_REPORT} (and {out / REPORT_FILE})")
         if outcome.failed:
             console.print(f"[red]{len(outcome.failed)} run(s) failed; rerun to retry them[/red]")
             return 1

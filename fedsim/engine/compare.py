@@ -92,6 +92,9 @@ from fedsim.engine.results import (
     leakage_stats,
     read_wall_seconds,
 )
+from fedsim.engine.results import (
+    REPORT_FILE as RUN_REPORT_FILE,
+)
 from fedsim.engine.validate import check_components, check_machine
 
 RUNS_DIR = "runs"
@@ -101,6 +104,7 @@ TABLE_CSV = "table.csv"
 TABLE_MD = "table.md"
 PLOT_FILE = "privacy-utility.png"
 REPORT_FILE = "report.md"
+SWEEP_FILE = "sweep.json"  # the spec's name, description and threshold, for fedsim report
 SCORES = ("accuracy", "psnr", "ssim", "label-acc", "epsilon")
 
 
@@ -570,6 +574,39 @@ def write_outputs(
     if not table.empty:
         plot_privacy_utility(table, spec.name, out / PLOT_FILE)
     (out / REPORT_FILE).write_text(report_markdown(spec, results, markdown, failed))
+    sweep = {"name": spec.name, "description": spec.description, "success-psnr": spec.success_psnr}
+    (out / SWEEP_FILE).write_text(json.dumps({**sweep, "failed": dict(failed)}, indent=2) + "\n")
+    write_sweep_report(out)
+
+
+def _read_frame(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:  # a sweep without finished runs
+        return pd.DataFrame()
+    if "attack" in frame:  # unaudited runs have an empty attack, which pandas reads as nan
+        frame["attack"] = frame["attack"].fillna("")
+    return frame
+
+
+def write_sweep_report(out: Path) -> Path:
+    """``report.html`` in a sweep folder, from the files :func:`write_outputs` wrote."""
+    from fedsim.engine.report import write_compare_report
+
+    sweep = json.loads((out / SWEEP_FILE).read_text())
+    table = _read_frame(out / TABLE_CSV)
+    plot = out / PLOT_FILE
+    return write_compare_report(
+        out,
+        sweep["name"],
+        sweep["description"],
+        table,
+        _read_frame(out / RESULTS_FILE),
+        plot.read_bytes() if plot.is_file() and not table.empty else None,
+        sweep["failed"],
+        sweep["success-psnr"],
+        RUN_REPORT_FILE,
+    )
 
 
 def report_markdown(

@@ -111,6 +111,11 @@ def clear_run_outputs(path: Path) -> None:
             target.unlink()
 
 
+def audit_image_name(server_round: int, client: int, attack: str) -> str:
+    """The labelled reconstruction grid of one attack, in :data:`AUDIT_IMAGES`."""
+    return f"round-{server_round:03d}-client-{client}-{attack}.png"
+
+
 def write_scenario(scenario: Scenario, run_dir: Path) -> None:
     (run_dir / SCENARIO_FILE).write_text(tomli_w.dumps(scenario_to_dict(scenario)))
 
@@ -187,8 +192,8 @@ class RunRecorder:
     # Wall time of this session, plus that of earlier sessions of a resumed run.
     started: float = field(default_factory=time.monotonic)
     earlier_seconds: float = 0.0
-    _first_round_began: float | None = field(default=None, init=False, repr=False)
-    _session_rounds: int = field(default=0, init=False, repr=False)
+    _first_round_ended: float | None = field(default=None, init=False, repr=False)
+    _session_intervals: int = field(default=0, init=False, repr=False)
     checkpoint_key: ClassVar[str] = "recorder"
 
     @property
@@ -197,13 +202,15 @@ class RunRecorder:
         return self.earlier_seconds + time.monotonic() - self.started
 
     def _eta_seconds(self, record: RoundRecord) -> float:
-        """Time left after ``record``'s round: the mean wall time per round so far
-        this session (a round's own seconds leave out waiting for sync audits)."""
+        """Time left after ``record``'s round: the mean wall time between this
+        session's round ends (a round's own seconds leave out the sync audit), so
+        known from the session's second round on."""
         now = time.monotonic()
-        if self._first_round_began is None:
-            self._first_round_began = now - record.seconds
-        self._session_rounds += 1
-        per_round = (now - self._first_round_began) / self._session_rounds
+        if self._first_round_ended is None:
+            self._first_round_ended = now
+            return math.nan
+        self._session_intervals += 1
+        per_round = (now - self._first_round_ended) / self._session_intervals
         return per_round * (self.total_rounds - record.round)
 
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
@@ -238,7 +245,7 @@ class RunRecorder:
         self.console.print(
             f"[bold]round {record.round}/{self.total_rounds}[/bold]  {parts}  "
             f"clients {record.replies}/{record.sampled}  {record.seconds:.1f}s"
-            + (f"  ETA {duration(eta)}" if record.round < self.total_rounds else "")
+            + (f"  ETA {duration(eta)}" if math.isfinite(eta) and eta > 0 else "")
             + (f"  failed: {failed}" if failed else "")
         )
 

@@ -27,6 +27,7 @@ from fedsim.engine.discovery import discover_partitions
 from fedsim.engine.failures import FailurePlan, HideInjectedFailures, check_failures
 from fedsim.engine.flower import quiet_flower, waiting_nodes_polling
 from fedsim.engine.loop import RoundCallback, run_rounds
+from fedsim.engine.report import write_run_report
 from fedsim.engine.results import (
     CLIENT_STATE_DIR,
     RunRecorder,
@@ -208,4 +209,5 @@ def run_scenario(
         raise result
     save_model(result, run_dir)
     console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
+    console.print(f"report: {write_run_report(run_dir)}")
     return RunResult(run_dir, recorder.rows, result)

@@ -26,7 +26,6 @@ import ray
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from rich.console import Console
-from torchvision.utils import make_grid, save_image
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
@@ -38,8 +37,9 @@ from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
 from fedsim.engine.audit.observe import ServerView, observe_reply
+from fedsim.engine.figures import draw_pairs, scored_pairs
 from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, write_csv_atomic
+from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, audit_image_name, write_csv_atomic
 
 AUDIT_RESOURCE = "audit"
 
@@ -234,13 +234,13 @@ class Auditor:
         )
         folder = self.run_dir / AUDIT_IMAGES
         folder.mkdir(exist_ok=True)
-        images = rec.images.detach().cpu().clamp(0, 1)
         if truth is not None and score is not None:
-            images = torch.cat([truth.images, images[list(score.assignment)]])
-        grid = make_grid(images, nrow=obs.num_examples)
-        save_image(
-            grid, folder / f"round-{job.round:03d}-client-{job.client}-{job.attack.name}.png"
-        )
+            draw_pairs(
+                folder / audit_image_name(job.round, job.client, job.attack.name),
+                scored_pairs(truth.images, truth.labels, rec.images, rec.labels, score),
+                f"round {job.round}, client {job.client}: {job.attack.name} "
+                f"({obs.threat_model}), label acc. {score.label_accuracy:.0%}",
+            )
         with self._lock:
             self.rows.append(record.to_row())
             self._write_rows()
