@@ -14,6 +14,7 @@ import sys
 from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError
 from fedsim.core.registry import UnknownNameError
+from fedsim.engine.lifecycle import INTERRUPTED_STATUS, RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ScenarioError, UnknownNameError) as err:
         print(f"fedsim: error: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as err:
+        print(f"fedsim: {err}", file=sys.stderr)
+        return INTERRUPTED_STATUS
 
 
 if __name__ == "__main__":

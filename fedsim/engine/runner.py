@@ -26,6 +26,7 @@ from fedsim.engine.checkpoint import Checkpoint, Checkpointable, Checkpointer, r
 from fedsim.engine.discovery import discover_partitions
 from fedsim.engine.failures import FailurePlan, HideInjectedFailures, check_failures
 from fedsim.engine.flower import quiet_flower, waiting_nodes_polling
+from fedsim.engine.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
 from fedsim.engine.loop import RoundCallback, run_rounds
 from fedsim.engine.report import write_run_report
 from fedsim.engine.results import (
@@ -86,10 +87,12 @@ def serve(
     console: Console,
     callbacks: tuple[RoundCallback, ...] = (),
     resume: Checkpoint | None = None,
+    guard: StopGuard | None = None,
 ) -> ArrayRecord:
     """The server's side of a run on ``grid``: strategy, audit, resume, the rounds.
 
     Returns the final global model; the run directory is ``recorder.run_dir``.
+    ``guard`` stops the rounds on a signal once a round's outputs are written.
     """
     fed = scenario.federation
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
@@ -127,6 +130,7 @@ def serve(
             component.load_state_dict(resume.components[component.checkpoint_key])
         restore_rng(resume.rng)  # last: nothing may draw from them before the round
     first_round = resume.round + 1 if resume is not None else 1
+    begin, end = ((guard.begin_outputs,), (guard.end_outputs,)) if guard else ((), ())
     try:
         return run_rounds(
             strategy,
@@ -137,7 +141,7 @@ def serve(
             evaluate_config={},
             # The auditor adds its round means before the recorder writes the row;
             # the checkpoint comes last, when the round's outputs are complete.
-            callbacks=(*observers, recorder, *callbacks, checkpointer),
+            callbacks=(*observers, *begin, recorder, *callbacks, checkpointer, *end),
             timeout=scenario.failures.timeout,
             partition_of=sampler.partition_of,
             failures=FailurePlan.from_config(scenario.failures, fed.seed),
@@ -165,6 +169,7 @@ def run_scenario(
     from flwr.simulation import run_simulation
 
     validate(scenario)
+    reap_orphans()  # Ray processes of earlier runs whose driver was killed
     console = console or Console(soft_wrap=True)
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     check_failures(scenario, strategy_cls.min_replies)
@@ -175,6 +180,9 @@ def run_scenario(
     else:
         run_dir = resume.run_dir
     recorder = RunRecorder(run_dir, fed.rounds, console)
+    session = RaySession(run_dir)
+    guard = StopGuard(run_dir, on_force=session.kill_remaining)
+    guard.last_round = resume.round if resume is not None else 0
     outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
 
     server_app = ServerApp()
@@ -182,7 +190,9 @@ def run_scenario(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            outcome.put(serve(grid, scenario, recorder, console, callbacks, resume))
+            outcome.put(serve(grid, scenario, recorder, console, callbacks, resume, guard))
+        except RunInterrupted as stop:  # not an error: the ServerApp ends, Flower shuts down
+            outcome.put(stop)
         except BaseException as err:  # re-raised in the caller's thread below
             outcome.put(err)
             raise
@@ -195,18 +205,24 @@ def run_scenario(
         f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
         + (f" (resuming after round {resume.round})" if resume is not None else "")
     )
-    with waiting_nodes_polling():
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=fed.num_clients,
-            backend_config=backend_config(scenario),
-        )
+    with session.watching(), guard.installed():
+        try:
+            with waiting_nodes_polling():
+                run_simulation(
+                    server_app=server_app,
+                    client_app=client_app,
+                    num_supernodes=fed.num_clients,
+                    backend_config=backend_config(scenario),
+                )
+        except BaseException as err:
+            if guard.stop.is_set():  # whatever broke after a stop signal is the stop
+                raise guard.interrupted() from err
+            raise
     if outcome.empty():
         raise RuntimeError("the simulation ended without a result; see the log above")
     result = outcome.get()
     if isinstance(result, BaseException):
-        raise result
+        raise guard.interrupted() if guard.stop.is_set() else result
     save_model(result, run_dir)
     console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
     console.print(f"report: {write_run_report(run_dir)}")
