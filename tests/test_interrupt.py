@@ -71,8 +71,15 @@ def _session(pid: int) -> tuple[Path, dict[int, int]]:
     return path, {int(p): start for p, start in processes.items()}
 
 
-def _alive(processes: dict[int, int]) -> list[int]:
-    return [pid for pid, start in processes.items() if (_stat(pid) or (0, -1))[1] == start]
+def _alive(processes: dict[int, int], wait: float = 10.0) -> list[int]:
+    """The recorded processes still running after up to ``wait`` seconds (SIGKILL is
+    delivered asynchronously: a killed process can take a moment to go)."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [pid for pid, start in processes.items() if (_stat(pid) or (0, -1))[1] == start]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
 
 
 @pytest.mark.slow

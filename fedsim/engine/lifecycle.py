@@ -161,12 +161,15 @@ class _EndOutputs:
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
-    """``(parent pid, start time)`` of ``pid`` from ``/proc``; None if it is gone."""
+    """``(parent pid, start time)`` of ``pid`` from ``/proc``; None if it is gone
+    (or a zombie: dead, waiting for its parent to collect its status)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+    if fields[0] in ("Z", "X"):
+        return None
     return int(fields[1]), int(fields[19])
 
 
