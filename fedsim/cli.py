@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from fedsim import fedsim_version
 from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError
 from fedsim.core.registry import UnknownNameError
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fedsim",
         description="Federated-learning simulations on Flower with a per-round privacy audit.",
     )
+    parser.add_argument("--version", action="version", version=f"fedsim {fedsim_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS.names():
         command = COMMANDS.get(name)

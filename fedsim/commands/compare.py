@@ -7,14 +7,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fedsim.commands import COMMANDS
+from fedsim.commands import COMMANDS, scenario_path
 
 
 class CompareCommand:
     help = "run a sweep of strategies x defences x seeds and write a privacy-utility report"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("spec", help="sweep spec TOML (see scenarios/compare-table2.toml)")
+        parser.add_argument(
+            "spec", help="sweep spec TOML, or a shipped one by name (compare-table2)"
+        )
         parser.add_argument(
             "--out", help="sweep folder (default: <base output.dir>/<spec name>); reruns resume"
         )
@@ -35,7 +37,7 @@ class CompareCommand:
         )
         from fedsim.engine.results import REPORT_FILE as HTML_REPORT
 
-        spec, base = load_spec(args.spec)
+        spec, base = load_spec(scenario_path(args.spec))
         configs = configurations(spec, base)
         out = Path(args.out) if args.out else Path(configs[0].scenario.output.dir) / spec.name
         console = Console(soft_wrap=True)

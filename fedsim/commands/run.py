@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedsim.commands import COMMANDS
+from fedsim.commands import COMMANDS, scenario_path
 from fedsim.core.config import ScenarioError, load_scenario, require
 
 
@@ -13,7 +13,11 @@ class RunCommand:
     help = "run a federation from a scenario file, or resume a stopped run"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("scenario", nargs="?", help="scenario TOML file (see scenarios/)")
+        parser.add_argument(
+            "scenario",
+            nargs="?",
+            help="scenario TOML file, or a shipped one by name (fedsim list scenarios)",
+        )
         parser.add_argument(
             "--set",
             dest="overrides",
@@ -54,7 +58,9 @@ class RunCommand:
             else:
                 require(bool(args.scenario), "scenario", None, "give a file, or --resume RUN_DIR")
                 run_scenario(
-                    load_scenario(args.scenario, args.overrides), args.out, force=args.force
+                    load_scenario(scenario_path(args.scenario), args.overrides),
+                    args.out,
+                    force=args.force,
                 )
         except TooFewReplies as err:
             print(

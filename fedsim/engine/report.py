@@ -16,7 +16,6 @@ import math
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from fedsim import fedsim_version
 from fedsim.core import protocol
 from fedsim.core.protocol import AuditRecord
 from fedsim.engine.figures import data_uri, figure_png
@@ -78,15 +78,8 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def _fedsim_version() -> str:
-    try:
-        return version("fedsim")
-    except PackageNotFoundError:
-        return "(not installed)"
-
-
 def _render(template: str, path: Path, **context: Any) -> Path:
-    page = _environment().get_template(template).render(version=_fedsim_version(), **context)
+    page = _environment().get_template(template).render(version=fedsim_version(), **context)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(page)
     tmp.replace(path)
