@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import tomli_w
 import torch
+from rich.console import Console
 from torch import nn
 
 from fedsim.attacks import ATTACKS
@@ -48,6 +49,7 @@ from fedsim.core.protocol import kebab
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.truth import GroundTruth, probe_gradient
 from fedsim.engine.figures import draw_pairs, scored_pairs
+from fedsim.engine.progress import AttackProgressLines
 
 RESULTS_FILE = "results.csv"
 GRID_FILE = "grid.png"
@@ -277,8 +279,11 @@ def experiment_probes(experiment: AttackExperiment) -> tuple[list[Probe], list[l
     return probes, batches
 
 
-def run_attack_experiment(experiment: AttackExperiment) -> AttackOutcome:
-    """Probe, attack (``parallel`` batches at a time) and score every batch."""
+def run_attack_experiment(
+    experiment: AttackExperiment, console: Console | None = None
+) -> AttackOutcome:
+    """Probe, attack (``parallel`` batches at a time) and score every batch;
+    with ``console``, print the attack's progress."""
     attack_cls = lookup(ATTACKS, experiment.attack, "--attack")
     attack: Attack = attack_cls(experiment.attack_params(), device=pick_device(experiment.device))
     probes, batches = experiment_probes(experiment)
@@ -289,6 +294,10 @@ def run_attack_experiment(experiment: AttackExperiment) -> AttackOutcome:
         recs: list[Reconstruction] = []
         for first in range(0, len(probes), experiment.parallel):
             chunk = [p.observation for p in probes[first : first + experiment.parallel]]
+            if console is not None:
+                batches_now = f"{first + 1}-{first + len(chunk)} of {len(probes)}"
+                label = f"{experiment.attack}, batches {batches_now}"
+                attack.progress = AttackProgressLines(console, label)
             recs += attack.reconstruct_many(chunk, seed=seed)
     finally:
         torch.set_num_threads(threads)

@@ -39,20 +39,34 @@ from fedsim.core.truth import GroundTruth, TruthSource
 from fedsim.engine.audit.observe import ServerView, observe_reply
 from fedsim.engine.figures import draw_pairs, scored_pairs
 from fedsim.engine.loop import RoundRecord
+from fedsim.engine.progress import AttackProgressLines, board_reporter, start_board
 from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, audit_image_name, write_csv_atomic
 
 AUDIT_RESOURCE = "audit"
+PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 
 
 def run_attack(
-    attack: ComponentConfig, observation: Observation, seed: int, device: str, threads: int
+    attack: ComponentConfig,
+    observation: Observation,
+    seed: int,
+    device: str,
+    threads: int,
+    progress: tuple[Any, str] | None = None,
 ) -> Reconstruction:
-    """Run one attack on one observation (the body of a Ray task)."""
+    """Run one attack on one observation (the body of a Ray task).
+
+    ``progress``: a :class:`~fedsim.engine.progress.ProgressBoard` actor and this
+    job's key; the attack posts its progress there.
+    """
     torch.set_num_threads(threads)
     attack_cls = ATTACKS.get(attack.name)
     params = component_params(attack_cls, attack, "audit.attacks")
     chosen = device if device == "cpu" or torch.cuda.is_available() else "cpu"
-    return attack_cls(params, device=chosen).reconstruct(observation, seed=seed)
+    runner = attack_cls(params, device=chosen)
+    if progress is not None:
+        runner.progress = board_reporter(*progress)
+    return runner.reconstruct(observation, seed=seed)
 
 
 _remote_attack = ray.remote(run_attack)
@@ -97,6 +111,8 @@ class Auditor:
         self._lock = threading.Lock()
         self._collector: threading.Thread | None = None
         self._closing = threading.Event()
+        self._board: Any = None  # a ProgressBoard actor, started with the first attack
+        self._progress_lines: dict[str, AttackProgressLines] = {}
 
     # -- choosing and submitting -------------------------------------------------
 
@@ -166,8 +182,17 @@ class Auditor:
             resources=resources,
         )
         job.submitted = time.perf_counter()
+        if self._board is None:
+            self._board = start_board()
+        key = f"audit round {job.round}: {job.attack.name} on client {job.client}"
+        self._progress_lines[key] = AttackProgressLines(self.console, key)
         ref = task.remote(
-            job.attack, job.observation, seed, self.device, self.cfg.threads_per_attack
+            job.attack,
+            job.observation,
+            seed,
+            self.device,
+            self.cfg.threads_per_attack,
+            (self._board, key),
         )
         with self._lock:
             self._pending[ref] = job
@@ -189,7 +214,15 @@ class Auditor:
         while not (self._closing.is_set() and not self._pending):
             self._collect(timeout=0.5)
 
+    def _show_progress(self) -> None:
+        """Print what running attacks posted since the last call."""
+        if self._board is None:
+            return
+        for key, step, total, best in ray.get(self._board.take.remote()):
+            self._progress_lines[key](step, total, best)
+
     def _collect(self, timeout: float | None, only_round: int | None = None) -> None:
+        self._show_progress()
         with self._lock:
             refs = [
                 ref
@@ -259,7 +292,8 @@ class Auditor:
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
         """Sync mode: finish this round's attacks; add their means to the round."""
         if self.cfg.mode == "sync":
-            self._collect(timeout=None, only_round=record.round)
+            while any(job.round == record.round for job in list(self._pending.values())):
+                self._collect(timeout=PROGRESS_POLL, only_round=record.round)
             col = AuditRecord.column
             rows = [r for r in self.rows if r[col("round")] == record.round]
             if rows:
@@ -297,4 +331,4 @@ class Auditor:
         if self._collector is not None:
             self._collector.join()
         while self._pending:
-            self._collect(timeout=None)
+            self._collect(timeout=PROGRESS_POLL)
