@@ -28,6 +28,7 @@ from fedsim.engine.failures import FailurePlan, HideInjectedFailures, check_fail
 from fedsim.engine.flower import quiet_flower, waiting_nodes_polling
 from fedsim.engine.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
 from fedsim.engine.loop import RoundCallback, run_rounds
+from fedsim.engine.progress import Phases
 from fedsim.engine.report import write_run_report
 from fedsim.engine.results import (
     CLIENT_STATE_DIR,
@@ -88,18 +89,24 @@ def serve(
     callbacks: tuple[RoundCallback, ...] = (),
     resume: Checkpoint | None = None,
     guard: StopGuard | None = None,
+    phases: Phases | None = None,
 ) -> ArrayRecord:
     """The server's side of a run on ``grid``: strategy, audit, resume, the rounds.
 
     Returns the final global model; the run directory is ``recorder.run_dir``.
-    ``guard`` stops the rounds on a signal once a round's outputs are written.
+    ``guard`` stops the rounds on a signal once a round's outputs are written;
+    ``phases`` prints the start-up phases.
     """
     fed = scenario.federation
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     server = ServerResources(
         scenario, load_dataset(scenario.data), pick_device(scenario.backend.num_gpus > 0)
     )
+    if phases:
+        phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")
     nodes = discover_partitions(grid, expected=fed.num_clients, probes=2 * actor_count(scenario))
+    if phases:
+        phases(f"{len(nodes)} clients ready; training")
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
     strategy = strategy_cls(
         component_params(strategy_cls, scenario.strategy, "strategy"), sampler, server
@@ -190,7 +197,7 @@ def run_scenario(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            outcome.put(serve(grid, scenario, recorder, console, callbacks, resume, guard))
+            outcome.put(serve(grid, scenario, recorder, console, callbacks, resume, guard, phases))
         except RunInterrupted as stop:  # not an error: the ServerApp ends, Flower shuts down
             outcome.put(stop)
         except BaseException as err:  # re-raised in the caller's thread below
@@ -205,6 +212,8 @@ def run_scenario(
         f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
         + (f" (resuming after round {resume.round})" if resume is not None else "")
     )
+    phases = Phases(console)
+    phases(f"starting Ray and {min(actor_count(scenario), fed.num_clients)} client actor(s)")
     with session.watching(), guard.installed():
         try:
             with waiting_nodes_polling():
