@@ -38,6 +38,7 @@ from fedsim.engine.results import (
     write_scenario,
     write_summary,
 )
+from fedsim.engine.tensorboard import TensorBoardLog
 from fedsim.engine.validate import validate
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
@@ -126,6 +127,7 @@ def serve(
         )
         auditor = Auditor(scenario.audit, view, truth, recorder.run_dir, console)
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
+    logs = (TensorBoardLog(recorder),) if scenario.log.tensorboard else ()
     components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
     checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, components)
     if resume is None:
@@ -148,7 +150,7 @@ def serve(
             evaluate_config={},
             # The auditor adds its round means before the recorder writes the row;
             # the checkpoint comes last, when the round's outputs are complete.
-            callbacks=(*observers, *begin, recorder, *callbacks, checkpointer, *end),
+            callbacks=(*observers, *begin, recorder, *logs, *callbacks, checkpointer, *end),
             timeout=scenario.failures.timeout,
             partition_of=sampler.partition_of,
             failures=FailurePlan.from_config(scenario.failures, fed.seed),
@@ -156,6 +158,8 @@ def serve(
     finally:
         for observer in observers:
             observer.finish()
+        for log in logs:
+            log.close()
 
 
 def run_scenario(
