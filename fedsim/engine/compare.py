@@ -90,6 +90,8 @@ from fedsim.engine.results import (
     METRICS_FILE,
     SUMMARY_FILE,
     leakage_stats,
+    mean_std_text,
+    number_text,
     read_wall_seconds,
 )
 from fedsim.engine.results import (
@@ -483,17 +485,6 @@ def summarise(
     return pd.DataFrame(rows)
 
 
-def _cell(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
-    if not math.isfinite(mean):
-        return "-"
-    text = f"{mean * scale:.{digits}f}"
-    return text if not math.isfinite(std) else f"{text} ± {std * scale:.{digits}f}"
-
-
-def _number(value: float, digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
-    return f"{value * scale:.{digits}f}{unit}" if not math.isnan(value) else "-"
-
-
 def table_markdown(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> str:
     """The summary table as markdown (accuracy in %, PSNR in dB)."""
     with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
@@ -506,19 +497,22 @@ def table_markdown(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_PS
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in table.iterrows():
         cells = [r["configuration"], *([r["attack"]] if with_attack else [])]
-        cells += [_cell(r["accuracy-mean"], r["accuracy-std"], 100), f"`{r['accuracy-from']}`"]
-        cells += [_cell(r["psnr-mean"], r["psnr-std"])]
+        cells += [
+            mean_std_text(r["accuracy-mean"], r["accuracy-std"], 100),
+            f"`{r['accuracy-from']}`",
+        ]
+        cells += [mean_std_text(r["psnr-mean"], r["psnr-std"])]
         if with_spread:
             cells += [
-                _number(r["psnr-median"]),
-                _number(r["psnr-max"]),
-                _number(r["success-rate"], 0, 100, "%"),
+                number_text(r["psnr-median"]),
+                number_text(r["psnr-max"]),
+                number_text(r["success-rate"], 0, 100, "%"),
             ]
         cells += [
-            _cell(r["ssim-mean"], r["ssim-std"], digits=3),
-            _cell(r["label-acc-mean"], r["label-acc-std"], 100, digits=0),
+            mean_std_text(r["ssim-mean"], r["ssim-std"], digits=3),
+            mean_std_text(r["label-acc-mean"], r["label-acc-std"], 100, digits=0),
         ]
-        cells += [_cell(r["epsilon-mean"], r["epsilon-std"])] if with_eps else []
+        cells += [mean_std_text(r["epsilon-mean"], r["epsilon-std"])] if with_eps else []
         lines.append("| " + " | ".join(map(str, [*cells, r["seeds"]])) + " |")
     return "\n".join(lines) + "\n"
 

@@ -39,6 +39,8 @@ from fedsim.engine.results import (
     audit_image_name,
     audit_table,
     duration,
+    mean_std_text,
+    number_text,
     read_wall_seconds,
 )
 
@@ -277,15 +279,7 @@ def write_compare_report(
     ]
 
     def spread(row: Mapping[Any, Any], score: str, scale: float = 1.0, digits: int = 2) -> str:
-        mean, std = row.get(f"{score}-mean", math.nan), row.get(f"{score}-std", math.nan)
-        if not math.isfinite(mean):
-            return "-"
-        text = f"{mean * scale:.{digits}f}"
-        return text if not math.isfinite(std) else f"{text} ± {std * scale:.{digits}f}"
-
-    def value(row: Mapping[Any, Any], key: str, scale: float = 1.0, unit: str = "") -> str:
-        number = float(row.get(key, math.nan))
-        return "-" if math.isnan(number) else f"{number * scale:.{0 if unit else 2}f}{unit}"
+        return mean_std_text(row[f"{score}-mean"], row[f"{score}-std"], scale, digits)
 
     table_rows = [
         {
@@ -294,9 +288,9 @@ def write_compare_report(
             "accuracy": spread(r, "accuracy", 100),
             "accuracy-from": r["accuracy-from"],
             "psnr": spread(r, "psnr"),
-            "psnr-median": value(r, "psnr-median"),
-            "psnr-max": value(r, "psnr-max"),
-            "success-rate": value(r, "success-rate", 100, "%"),
+            "psnr-median": number_text(r.get("psnr-median", math.nan)),
+            "psnr-max": number_text(r.get("psnr-max", math.nan)),
+            "success-rate": number_text(r.get("success-rate", math.nan), 0, 100, "%"),
             "ssim": spread(r, "ssim", digits=3),
             "label-acc": spread(r, "label-acc", 100, 0),
             "seeds": str(r["seeds"]),

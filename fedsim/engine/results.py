@@ -139,6 +139,19 @@ def duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+def mean_std_text(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
+    """``mean ± std`` for a table (``-`` without a mean, no ``±`` without a spread)."""
+    if not math.isfinite(mean):
+        return "-"
+    text = f"{mean * scale:.{digits}f}"
+    return text if not math.isfinite(std) else f"{text} ± {std * scale:.{digits}f}"
+
+
+def number_text(value: float, digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    """``value`` for a table (``-`` for nan)."""
+    return f"{value * scale:.{digits}f}{unit}" if not math.isnan(value) else "-"
+
+
 def leakage_stats(psnr: Any, threshold: float = DEFAULT_SUCCESS_PSNR) -> dict[str, float]:
     """Mean, median and max PSNR of attacks, and the share reaching ``threshold`` dB.
 
