@@ -8,7 +8,7 @@ export FLWR_TELEMETRY_ENABLED ?= 0
 
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install demo test lint lock fmnist
+.PHONY: install demo test lint lock fmnist chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,7 +30,12 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint
+# Headless Chromium for the report's browser test (Debian's package), once.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q chromium
+
+test: lint chromium
 	$(VENV)/bin/pytest -q
 
 lock: install

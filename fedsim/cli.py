@@ -11,9 +11,11 @@ import argparse
 import os
 import sys
 
+from fedsim import fedsim_version
 from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError
 from fedsim.core.registry import UnknownNameError
+from fedsim.engine.lifecycle import INTERRUPTED_STATUS, RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fedsim",
         description="Federated-learning simulations on Flower with a per-round privacy audit.",
     )
+    parser.add_argument("--version", action="version", version=f"fedsim {fedsim_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS.names():
         command = COMMANDS.get(name)
@@ -37,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ScenarioError, UnknownNameError) as err:
         print(f"fedsim: error: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as err:
+        print(f"fedsim: {err}", file=sys.stderr)
+        return INTERRUPTED_STATUS
 
 
 if __name__ == "__main__":

@@ -194,6 +194,25 @@ def test_table_plot_and_report(tmp_path: Path) -> None:
     assert len(outcome.ran) == 6 and not outcome.failed
 
 
+def test_table_gives_median_max_and_success_share_over_every_attack(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path, {**SPEC, "success-psnr": 31.5})
+
+    run_sweep(spec, configs, tmp_path / "out", Console(quiet=True), FakeRuns())
+
+    table = pd.read_csv(tmp_path / "out" / TABLE_CSV).set_index("configuration")
+    # FedAvg's four attacks (two seeds x two rounds): 30, 32, 31, 33 dB.
+    assert table.loc["FedAvg", "attacks"] == 4
+    assert table.loc["FedAvg", "psnr-median"] == pytest.approx(31.5)
+    assert table.loc["FedAvg", "psnr-max"] == pytest.approx(33.0)
+    assert table.loc["FedAvg", "success-rate"] == pytest.approx(0.5)  # 32 and 33
+    assert table.loc["FedSplit", "success-rate"] == 0.0  # 8, 10, 9, 11 dB
+    results = pd.read_csv(tmp_path / "out" / RESULTS_FILE)
+    seed0 = results.query("configuration == 'FedAvg' and seed == 0").iloc[0]
+    assert (seed0["psnr-median"], seed0["psnr-max"], seed0["success-rate"]) == (31.0, 32.0, 0.5)
+    markdown = (tmp_path / "out" / TABLE_MD).read_text()
+    assert "success (≥ 31.5 dB)" in markdown and "| 31.50 | 33.00 | 50% |" in markdown
+
+
 def test_interrupted_sweep_resumes_without_redoing_finished_runs(tmp_path: Path) -> None:
     spec, configs = _configs(tmp_path)
     out = tmp_path / "out"

@@ -11,7 +11,7 @@ ground truth through it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -66,14 +66,34 @@ class Reconstruction:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+# Progress of a running attack: (step, steps in all, lowest objective at this step).
+ProgressFn = Callable[[int, int, float], None]
+PROGRESS_REPORTS = 20  # reports per optimisation: each costs one device-to-host copy
+
+
 class Attack(ABC):
-    """An attack: a frozen ``Params`` dataclass plus :meth:`reconstruct`."""
+    """An attack: a frozen ``Params`` dataclass plus :meth:`reconstruct`.
+
+    Set :attr:`progress` to follow a running attack: the optimisation loops
+    call :meth:`report_progress` every step, which calls it about
+    :data:`PROGRESS_REPORTS` times per optimisation.
+    """
 
     Params: ClassVar[type]
 
     def __init__(self, params: Any, device: torch.device | str = "cpu") -> None:
         self.params = params
         self.device = torch.device(device)
+        self.progress: ProgressFn | None = None
+
+    def report_progress(self, step: int, total: int, objective: torch.Tensor) -> None:
+        """After ``step`` of ``total``: tell :attr:`progress` the lowest finite objective,
+        on every ``total / PROGRESS_REPORTS``-th step only (a cheap no-op otherwise)."""
+        if self.progress is None or (step % max(1, total // PROGRESS_REPORTS) and step != total):
+            return
+        values = objective.detach().flatten()
+        finite = values[torch.isfinite(values)]
+        self.progress(step, total, float(finite.min()) if len(finite) else float("inf"))
 
     @abstractmethod
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:

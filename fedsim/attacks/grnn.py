@@ -328,6 +328,7 @@ class GRNN(Attack):
             loss.backward(inputs=list(generator.parameters()))
             optimizer.step()
             trace[step] = loss.detach()
+            self.report_progress(restart * p.steps + step + 1, p.restarts * p.steps, trace[step])
         with torch.no_grad():
             # Train-mode BatchNorm, as during fitting: these are the images the loss saw.
             images, soft_labels = generator(z)

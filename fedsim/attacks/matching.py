@@ -415,8 +415,9 @@ class GradientMatchingAttack(Attack):
         optimizer = self._optimizer(z, (lower, upper))
         objective = self._objective(group, restarts)
         trace = []
-        for _ in range(p.step_count):
+        for step in range(p.step_count):
             trace.append(optimizer.step(objective))
+            self.report_progress(step + 1, p.step_count, trace[-1])
             if p.clamp == "step":
                 optimizer.project(lower, upper)
         optimizer.evaluate(objective, ~optimizer.diverged)  # the distance where each row ended

@@ -94,7 +94,9 @@ class AttackCommand:
         out = Path(
             args.out or f"runs/attack-{args.attack}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
-        outcome = run_attack_experiment(experiment)
+        from rich.console import Console
+
+        outcome = run_attack_experiment(experiment, Console(soft_wrap=True, highlight=False))
         write_attack_outputs(outcome, out)
         _print(outcome, out)
         return 0
@@ -119,6 +121,8 @@ def _print(outcome: Any, out: Path) -> None:
         "seconds",
         title=f"{exp.attack} on {exp.dataset}, {exp.model} ({exp.init}), batch {exp.batch_size}",
     )
+    for column in table.columns:
+        column.overflow = "fold"  # wrap in a narrow terminal or a log instead of cutting
     for r in outcome.rows():
         table.add_row(
             str(r["batch"]),

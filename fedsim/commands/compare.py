@@ -7,14 +7,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fedsim.commands import COMMANDS
+from fedsim.commands import COMMANDS, scenario_path
 
 
 class CompareCommand:
     help = "run a sweep of strategies x defences x seeds and write a privacy-utility report"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("spec", help="sweep spec TOML (see scenarios/compare-table2.toml)")
+        parser.add_argument(
+            "spec", help="sweep spec TOML, or a shipped one by name (compare-table2)"
+        )
         parser.add_argument(
             "--out", help="sweep folder (default: <base output.dir>/<spec name>); reruns resume"
         )
@@ -33,8 +35,9 @@ class CompareCommand:
             load_spec,
             run_sweep,
         )
+        from fedsim.engine.results import REPORT_FILE as HTML_REPORT
 
-        spec, base = load_spec(args.spec)
+        spec, base = load_spec(scenario_path(args.spec))
         configs = configurations(spec, base)
         out = Path(args.out) if args.out else Path(configs[0].scenario.output.dir) / spec.name
         console = Console(soft_wrap=True)
@@ -44,7 +47,7 @@ class CompareCommand:
                 console.print(f"{'done' if done else 'to run'}  {config.path}  ({config.label})")
             return 0
         outcome = run_sweep(spec, configs, out, console)
-        console.print(f"\nreport: {out / REPORT_FILE}")
+        console.print(f"\nreport: {out / HTML_REPORT} (and {out / REPORT_FILE})")
         if outcome.failed:
             console.print(f"[red]{len(outcome.failed)} run(s) failed; rerun to retry them[/red]")
             return 1

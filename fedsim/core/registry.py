@@ -39,18 +39,30 @@ class Registry(Generic[T]):
         self.kind = kind
         self._packages = packages
         self._entries: dict[str, T] = {}
+        self._descriptions: dict[str, str] = {}
         self._discovered = False
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name``."""
+    def register(self, name: str, description: str = "") -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name``.
+
+        ``description``: one line for ``fedsim list``; without one, the first
+        line of ``obj``'s docstring (or its class's, for an instance) is used.
+        """
 
         def decorator(obj: T) -> T:
             if name in self._entries and self._entries[name] is not obj:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._entries[name] = obj
+            doc = (getattr(obj, "__doc__", None) or "").strip()
+            self._descriptions[name] = description or (doc.splitlines() or [""])[0]
             return obj
 
         return decorator
+
+    def describe(self, name: str) -> str:
+        """The one-line description of ``name`` ("" if it has none)."""
+        self.get(name)
+        return self._descriptions[name]
 
     def _discover(self) -> None:
         if self._discovered:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import tomli_w
 import torch
+from rich.console import Console
 from torch import nn
 
 from fedsim.attacks import ATTACKS
@@ -49,6 +49,8 @@ from fedsim.core.models import INITS, MODELS, InputSpec, build_model
 from fedsim.core.protocol import kebab
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.truth import GroundTruth, probe_gradient
+from fedsim.engine.figures import draw_pairs, scored_pairs
+from fedsim.engine.progress import AttackProgressLines
 
 RESULTS_FILE = "results.csv"
 GRID_FILE = "grid.png"
@@ -279,8 +281,11 @@ def experiment_probes(experiment: AttackExperiment) -> tuple[list[Probe], list[l
     return probes, batches
 
 
-def run_attack_experiment(experiment: AttackExperiment) -> AttackOutcome:
-    """Probe, attack (``parallel`` batches at a time) and score every batch."""
+def run_attack_experiment(
+    experiment: AttackExperiment, console: Console | None = None
+) -> AttackOutcome:
+    """Probe, attack (``parallel`` batches at a time) and score every batch;
+    with ``console``, print the attack's progress."""
     attack_cls = lookup(ATTACKS, experiment.attack, "--attack")
     attack: Attack = attack_cls(experiment.attack_params(), device=pick_device(experiment.device))
     probes, batches = experiment_probes(experiment)
@@ -292,6 +297,10 @@ def run_attack_experiment(experiment: AttackExperiment) -> AttackOutcome:
         with attack_precision(experiment.precision):
             for first in range(0, len(probes), experiment.parallel):
                 chunk = [p.observation for p in probes[first : first + experiment.parallel]]
+                if console is not None:
+                    batches_now = f"{first + 1}-{first + len(chunk)} of {len(probes)}"
+                    label = f"{experiment.attack}, batches {batches_now}"
+                    attack.progress = AttackProgressLines(console, label)
                 recs += attack.reconstruct_many(chunk, seed=seed)
     finally:
         torch.set_num_threads(threads)
@@ -312,33 +321,13 @@ def write_attack_outputs(outcome: AttackOutcome, out: Path) -> None:
         writer.writerows(rows)
     (out / SETTINGS_FILE).write_text(tomli_w.dumps(outcome.experiment.settings()))
     pairs = [
-        (truth, rec.images[list(score.assignment)][i], score.per_image_psnr[i])
+        pair
         for probe, rec, score in zip(
             outcome.probes, outcome.reconstructions, outcome.scores, strict=True
         )
-        for i, truth in enumerate(probe.truth.images)
+        for pair in scored_pairs(
+            probe.truth.images, probe.truth.labels, rec.images, rec.labels, score
+        )
     ]
-    draw_pairs(out / GRID_FILE, pairs)
-
-
-def draw_pairs(path: Path, pairs: Sequence[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
-    """Each true image above its matched reconstruction (titled with its PSNR), eight a row."""
-    from matplotlib.figure import Figure
-
-    cols = min(8, len(pairs))
-    bands = math.ceil(len(pairs) / cols)
-    fig = Figure(figsize=(1.4 * cols, 3.0 * bands))
-    axes = fig.subplots(2 * bands, cols, squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
-    for i, (truth, image, psnr) in enumerate(pairs):
-        band, col = divmod(i, cols)
-        for r, (img, title) in enumerate(((truth, "truth"), (image, f"{psnr:.1f} dB"))):
-            ax = axes[2 * band + r, col]
-            pixels = img.detach().cpu().permute(1, 2, 0).numpy()
-            ax.imshow(
-                pixels.squeeze(-1) if pixels.shape[-1] == 1 else pixels, cmap="gray", vmin=0, vmax=1
-            )
-            ax.set_title(title, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    exp = outcome.experiment
+    draw_pairs(out / GRID_FILE, pairs, f"{exp.attack} on {exp.dataset}, {exp.model} ({exp.init})")

@@ -27,7 +27,10 @@ from fedsim.engine.checkpoint import Checkpoint, Checkpointable, Checkpointer, r
 from fedsim.engine.discovery import discover_partitions
 from fedsim.engine.failures import FailurePlan, HideInjectedFailures, check_failures
 from fedsim.engine.flower import actor_pool_size, quiet_flower, waiting_nodes_polling
+from fedsim.engine.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
 from fedsim.engine.loop import RoundCallback, run_rounds
+from fedsim.engine.progress import Phases
+from fedsim.engine.report import write_run_report
 from fedsim.engine.resources import reserve_audit, start_ray
 from fedsim.engine.results import (
     CLIENT_STATE_DIR,
@@ -37,6 +40,7 @@ from fedsim.engine.results import (
     write_scenario,
     write_summary,
 )
+from fedsim.engine.tensorboard import TensorBoardLog
 from fedsim.engine.validate import validate
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
@@ -103,17 +107,25 @@ def serve(
     console: Console,
     callbacks: tuple[RoundCallback, ...] = (),
     resume: Checkpoint | None = None,
+    guard: StopGuard | None = None,
+    phases: Phases | None = None,
 ) -> ArrayRecord:
     """The server's side of a run on ``grid``: strategy, audit, resume, the rounds.
 
     Returns the final global model; the run directory is ``recorder.run_dir``.
+    ``guard`` stops the rounds on a signal once a round's outputs are written;
+    ``phases`` prints the start-up phases.
     """
     fed = scenario.federation
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     server = ServerResources(
         scenario, load_dataset(scenario.data), pick_device(scenario.backend.num_gpus > 0)
     )
+    if phases:
+        phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")
     nodes = discover_partitions(grid, expected=fed.num_clients, probes=2 * actor_count(scenario))
+    if phases:
+        phases(f"{len(nodes)} clients ready; training")
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
     strategy = strategy_cls(
         component_params(strategy_cls, scenario.strategy, "strategy"), sampler, server
@@ -133,6 +145,7 @@ def serve(
         )
         auditor = Auditor(scenario.audit, view, truth, recorder.run_dir, console)
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
+    logs = (TensorBoardLog(recorder),) if scenario.log.tensorboard else ()
     components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
     checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, components)
     if resume is None:
@@ -144,6 +157,7 @@ def serve(
             component.load_state_dict(resume.components[component.checkpoint_key])
         restore_rng(resume.rng)  # last: nothing may draw from them before the round
     first_round = resume.round + 1 if resume is not None else 1
+    begin, end = ((guard.begin_outputs,), (guard.end_outputs,)) if guard else ((), ())
     try:
         return run_rounds(
             strategy,
@@ -154,7 +168,7 @@ def serve(
             evaluate_config={},
             # The auditor adds its round means before the recorder writes the row;
             # the checkpoint comes last, when the round's outputs are complete.
-            callbacks=(*observers, recorder, *callbacks, checkpointer),
+            callbacks=(*observers, *begin, recorder, *logs, *callbacks, checkpointer, *end),
             timeout=scenario.failures.timeout,
             partition_of=sampler.partition_of,
             failures=FailurePlan.from_config(scenario.failures, fed.seed),
@@ -162,6 +176,8 @@ def serve(
     finally:
         for observer in observers:
             observer.finish()
+        for log in logs:
+            log.close()
 
 
 def run_scenario(
@@ -170,68 +186,91 @@ def run_scenario(
     console: Console | None = None,
     callbacks: tuple[RoundCallback, ...] = (),
     resume: Checkpoint | None = None,
+    force: bool = False,
 ) -> RunResult:
     """Validate ``scenario`` and run it as a Flower simulation on Ray.
 
     With ``resume`` (from :func:`fedsim.engine.checkpoint.open_resume`) the run
-    continues in the checkpoint's run directory after its last round.
+    continues in the checkpoint's run directory after its last round. An
+    ``out`` folder holding files is refused unless ``force`` (which clears the
+    run files in it).
     """
     from flwr.simulation import run_simulation
 
     validate(scenario)
+    reap_orphans()  # Ray processes of earlier runs whose driver was killed
     console = console or Console(soft_wrap=True)
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     check_failures(scenario, strategy_cls.min_replies)
     fed = scenario.federation
     quiet_flower(HideInjectedFailures())
-    # Before any work: a split that cannot fit is refused here (for a cluster,
-    # right after connecting to it).
-    plan = start_ray(scenario)
-    try:
-        if resume is None:
-            run_dir = new_run_dir(scenario, out)
-            write_scenario(scenario, run_dir)
-        else:
-            run_dir = resume.run_dir
-        recorder = RunRecorder(run_dir, fed.rounds, console)
-        outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
+    phases = Phases(console)
+    phases("starting Ray")
+    session = RaySession()
+    with session.watching():
+        # Before any work: a split that cannot fit is refused here (for a cluster,
+        # right after connecting to it), before the run folder exists.
+        plan = start_ray(scenario)
+        try:
+            if resume is None:
+                run_dir = new_run_dir(scenario, out, force)
+                write_scenario(scenario, run_dir)
+            else:
+                run_dir = resume.run_dir
+            session.run_dir = run_dir
+            recorder = RunRecorder(run_dir, fed.rounds, console)
+            guard = StopGuard(run_dir, on_force=session.kill_remaining)
+            guard.last_round = resume.round if resume is not None else 0
+            outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
 
-        server_app = ServerApp()
+            server_app = ServerApp()
 
-        @server_app.main()
-        def main(grid: Grid, context: Context) -> None:
-            try:
-                outcome.put(serve(grid, scenario, recorder, console, callbacks, resume))
-            except BaseException as err:  # re-raised in the caller's thread below
-                outcome.put(err)
-                raise
+            @server_app.main()
+            def main(grid: Grid, context: Context) -> None:
+                try:
+                    outcome.put(
+                        serve(grid, scenario, recorder, console, callbacks, resume, guard, phases)
+                    )
+                except RunInterrupted as stop:  # not an error: the ServerApp ends, Flower stops
+                    outcome.put(stop)
+                except BaseException as err:  # re-raised in the caller's thread below
+                    outcome.put(err)
+                    raise
 
-        client_app = build_client_app(
-            scenario, strategy_cls.client_routine, run_dir / CLIENT_STATE_DIR
-        )
-        console.print(
-            f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
-            f"{scenario.data.dataset}, {fed.num_clients} clients "
-            f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
-            + (f" (resuming after round {resume.round})" if resume is not None else "")
-        )
-        console.print(plan.describe(), markup=False)
-        plan.write(run_dir)
-        reserve_audit(plan, scenario.backend.wait_timeout)
-        with waiting_nodes_polling(), actor_pool_size(plan.actors):
-            run_simulation(
-                server_app=server_app,
-                client_app=client_app,
-                num_supernodes=fed.num_clients,
-                backend_config=backend_config(scenario),
+            client_app = build_client_app(
+                scenario, strategy_cls.client_routine, run_dir / CLIENT_STATE_DIR
             )
-    finally:
-        stop_ray()
+            console.print(
+                f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
+                f"{scenario.data.dataset}, {fed.num_clients} clients "
+                f"({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
+                + (f" (resuming after round {resume.round})" if resume is not None else "")
+            )
+            console.print(plan.describe(), markup=False)
+            plan.write(run_dir)
+            reserve_audit(plan, scenario.backend.wait_timeout)
+            phases(f"starting {min(plan.actors, fed.num_clients)} client actor(s)")
+            with guard.installed():
+                try:
+                    with waiting_nodes_polling(), actor_pool_size(plan.actors):
+                        run_simulation(
+                            server_app=server_app,
+                            client_app=client_app,
+                            num_supernodes=fed.num_clients,
+                            backend_config=backend_config(scenario),
+                        )
+                except BaseException as err:
+                    if guard.stop.is_set():  # whatever broke after a stop signal is the stop
+                        raise guard.interrupted() from err
+                    raise
+        finally:
+            stop_ray()
     if outcome.empty():
         raise RuntimeError("the simulation ended without a result; see the log above")
     result = outcome.get()
     if isinstance(result, BaseException):
-        raise result
+        raise guard.interrupted() if guard.stop.is_set() else result
     save_model(result, run_dir)
-    console.print(write_summary(scenario, recorder.rows, run_dir))
+    console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
+    console.print(f"report: {write_run_report(run_dir)}")
     return RunResult(run_dir, recorder.rows, result)

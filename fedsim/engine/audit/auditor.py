@@ -39,7 +39,6 @@ import ray
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from rich.console import Console
-from torchvision.utils import make_grid, save_image
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
@@ -52,10 +51,13 @@ from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
 from fedsim.engine.audit.observe import ServerView, observe_reply
+from fedsim.engine.figures import draw_pairs, scored_pairs
 from fedsim.engine.loop import RoundRecord
+from fedsim.engine.progress import AttackProgressLines, board_reporter, start_board
 from fedsim.engine.resources import audit_reservation
-from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, write_csv_atomic
+from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, audit_image_name, write_csv_atomic
 
+PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 PROGRESS_EVERY_S = 30.0  # a line while the round waits for its attacks: never silent
 
 
@@ -75,11 +77,14 @@ def run_attack(
     want_gpu: bool,
     threads: int,
     precision: Precision = "float32",
+    progress: tuple[Any, str] | None = None,
 ) -> tuple[list[Reconstruction], DeviceUse]:
     """Run one attack on ``observations`` in one batched call (the body of a Ray task).
 
     CUDA when asked for and present (a logical GPU on a machine without CUDA
     runs on CPU), at full precision (:func:`~fedsim.attacks.precision.attack_precision`).
+    ``progress``: a :class:`~fedsim.engine.progress.ProgressBoard` actor and this
+    task's key; the attack posts its progress there.
     """
     torch.set_num_threads(threads)
     attack_cls = ATTACKS.get(attack.name)
@@ -88,8 +93,11 @@ def run_attack(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
+    runner = attack_cls(params, device=device)
+    if progress is not None:
+        runner.progress = board_reporter(*progress)
     with attack_precision(precision):
-        recs = attack_cls(params, device=device).reconstruct_many(observations, seed=seed)
+        recs = runner.reconstruct_many(observations, seed=seed)
     if device.type != "cuda":
         return recs, DeviceUse("cpu", 0.0, 0.0)
     torch.cuda.synchronize(device)
@@ -116,6 +124,10 @@ class _Job:
     attack: ComponentConfig
     victims: list[_Victim]
     submitted: float
+
+    @property
+    def clients(self) -> str:
+        return "client " + "/".join(str(v.client) for v in self.victims)
 
 
 class Auditor:
@@ -147,6 +159,8 @@ class Auditor:
         self._collector: threading.Thread | None = None
         self._closing = threading.Event()
         self._reservation: Any = None  # the run's audit placement group, looked up once
+        self._board: Any = None  # a ProgressBoard actor, started with the first attack
+        self._progress_lines: dict[str, AttackProgressLines] = {}
 
     # -- choosing and submitting -------------------------------------------------
 
@@ -224,6 +238,10 @@ class Auditor:
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
         job.submitted = time.perf_counter()
+        if self._board is None:
+            self._board = start_board()
+        key = f"audit round {job.round}: {job.attack.name} on {job.clients}"
+        self._progress_lines[key] = AttackProgressLines(self.console, key)
         ref = _remote_attack.options(**options).remote(
             job.attack,
             [v.observation for v in job.victims],
@@ -231,6 +249,7 @@ class Auditor:
             self.cfg.num_gpus > 0,
             self.cfg.threads_per_attack,
             self.cfg.precision,
+            (self._board, key),
         )
         with self._lock:
             self._pending[ref] = job
@@ -248,10 +267,18 @@ class Auditor:
         while not (self._closing.is_set() and not self._pending):
             self._collect(timeout=0.5)
 
+    def _show_progress(self) -> None:
+        """Print what running attacks posted since the last call."""
+        if self._board is None:
+            return
+        for key, step, total, best in ray.get(self._board.take.remote()):
+            self._progress_lines[key](step, total, best)
+
     def _collect(self, timeout: float, only_round: int | None = None, every: bool = False) -> None:
         """Record finished tasks: the first to finish within ``timeout``, or with
         ``every`` all that finish within it. The async collector and :meth:`finish`
         may both collect: a task is recorded by whichever takes it first."""
+        self._show_progress()
         with self._lock:
             refs = [
                 ref
@@ -276,9 +303,9 @@ class Auditor:
         """Collect ``server_round``'s attacks (``None``: all), printing what still runs
         every :data:`PROGRESS_EVERY_S` seconds. Their resources are reserved, so they
         run; an attack only takes its time."""
-        started = time.perf_counter()
+        started = last_line = time.perf_counter()
         while True:
-            self._collect(timeout=PROGRESS_EVERY_S, only_round=server_round, every=True)
+            self._collect(timeout=PROGRESS_POLL, only_round=server_round, every=True)
             with self._lock:
                 still = [
                     j
@@ -287,10 +314,11 @@ class Auditor:
                 ]
             if not still:
                 return
+            if time.perf_counter() - last_line < PROGRESS_EVERY_S:
+                continue
+            last_line = time.perf_counter()
             names = ", ".join(
-                f"{j.attack.name} on client {'/'.join(str(v.client) for v in j.victims)} "
-                f"(round {j.round})"
-                for j in still[:4]
+                f"{j.attack.name} on {j.clients} (round {j.round})" for j in still[:4]
             )
             self.console.print(
                 f"  audit: waiting for {len(still)} attack task(s): "
@@ -331,13 +359,13 @@ class Auditor:
         )
         folder = self.run_dir / AUDIT_IMAGES
         folder.mkdir(exist_ok=True)
-        images = rec.images.detach().cpu().clamp(0, 1)
         if truth is not None and score is not None:
-            images = torch.cat([truth.images, images[list(score.assignment)]])
-        grid = make_grid(images, nrow=obs.num_examples)
-        save_image(
-            grid, folder / f"round-{job.round:03d}-client-{victim.client}-{job.attack.name}.png"
-        )
+            draw_pairs(
+                folder / audit_image_name(job.round, victim.client, job.attack.name),
+                scored_pairs(truth.images, truth.labels, rec.images, rec.labels, score),
+                f"round {job.round}, client {victim.client}: {job.attack.name} "
+                f"({obs.threat_model}), label acc. {score.label_accuracy:.0%}",
+            )
         with self._lock:
             self.rows.append(record.to_row())
             self._write_rows()

@@ -1,0 +1,335 @@
+"""``report.html``: one self-contained page per run and per sweep.
+
+A run's page: overview, accuracy and loss curves (every further numeric
+per-round metric gets its own panel), the audit's PSNR / SSIM / label accuracy
+per round and attack, the audit table, the labelled reconstruction grids per
+audited round, the resource plan (when the run directory has one) and the
+resolved scenario. A sweep's page: the privacy-utility plot, the table (mean,
+median, max PSNR and success share) and links to its runs' pages. Plots come
+from matplotlib, the page from the Jinja2 templates in ``templates/`` and every
+image is embedded as a ``data:`` URI, so the file can be mailed.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from fedsim import fedsim_version
+from fedsim.core import protocol
+from fedsim.core.protocol import AuditRecord
+from fedsim.engine.figures import data_uri, figure_png
+from fedsim.engine.results import (
+    AUDIT_FILE,
+    AUDIT_IMAGES,
+    DEFAULT_SUCCESS_PSNR,
+    METRICS_FILE,
+    REPORT_FILE,
+    SCENARIO_FILE,
+    audit_image_name,
+    audit_table,
+    duration,
+    mean_std_text,
+    number_text,
+    read_wall_seconds,
+)
+
+# Files a resource plan may be written to (issue 13's runner); shown when present.
+PLAN_PATTERNS = ("plan.*", "resources.*", "resource-plan.*")
+# Per-round columns that are bookkeeping, not curves.
+NOT_CURVES = {
+    protocol.ROUND,
+    protocol.CLIENTS_SAMPLED,
+    protocol.CLIENTS_TRAINED,
+    protocol.FAILURES,
+    protocol.SECONDS,
+    # The audit's round means have their own section (per attack).
+    protocol.AUDIT_PSNR,
+    protocol.AUDIT_SSIM,
+    protocol.AUDIT_LABEL_ACC,
+}
+ACCURACY = (protocol.TEST_ACC, protocol.CLIENT_EVAL_ACC)
+LOSS = (protocol.TRAIN_LOSS, protocol.TEST_LOSS, protocol.CLIENT_EVAL_LOSS)
+AUDIT_SCORES = (("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("label_acc", "label accuracy"))
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: the row key, its heading, and ``text``/``number``/``link``."""
+
+    key: str
+    title: str
+    kind: str = "number"
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("fedsim.engine", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def _render(template: str, path: Path, **context: Any) -> Path:
+    page = _environment().get_template(template).render(version=fedsim_version(), **context)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(page)
+    tmp.replace(path)
+    return path
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    """A table cell: floats to ``digits`` decimals, nan as ``-``."""
+    if isinstance(value, float | np.floating) and not isinstance(value, bool):
+        if math.isnan(value):
+            return "-"
+        if math.isinf(value) or (value != 0 and abs(value) < 10**-digits):
+            return f"{value:.3g}"  # inf, or a tiny objective that would print as 0.000
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _formatted(
+    rows: Iterable[Mapping[Any, Any]], digits: Mapping[str, int]
+) -> list[dict[str, str]]:
+    return [{k: _number(v, digits.get(k, 3)) for k, v in row.items()} for row in rows]
+
+
+def _curve_columns(metrics: pd.DataFrame) -> list[str]:
+    """Numeric per-round columns with at least one finite value, in file order."""
+    return [
+        c
+        for c in metrics.columns
+        if c not in NOT_CURVES
+        and pd.api.types.is_numeric_dtype(metrics[c])
+        and np.isfinite(metrics[c].astype(float)).any()
+    ]
+
+
+def _round_axis(ax: Any) -> None:
+    ax.set_xlabel("round", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def curves_figure(metrics: pd.DataFrame) -> Figure:
+    """Accuracy and loss panels, then one panel per further metric (strategy-specific ones)."""
+    columns = _curve_columns(metrics)
+    groups = [("accuracy", [c for c in ACCURACY if c in columns])]
+    groups += [("loss", [c for c in LOSS if c in columns])]
+    groups += [(c, [c]) for c in columns if c not in ACCURACY and c not in LOSS]
+    groups = [(title, cols) for title, cols in groups if cols]
+    panels = max(1, len(groups))
+    per_row = min(3, panels)
+    rows = math.ceil(panels / per_row)
+    fig = Figure(figsize=(4.2 * per_row, 3.0 * rows))
+    axes = list(fig.subplots(rows, per_row, squeeze=False).flat)
+    for ax, (title, cols) in zip(axes, groups, strict=False):
+        for col in cols:
+            ax.plot(metrics[protocol.ROUND], metrics[col], marker="o", markersize=3, label=col)
+        ax.set_title(title, fontsize=9)
+        _round_axis(ax)
+    for ax in axes[len(groups) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def audit_curves_figure(audit: pd.DataFrame, success_psnr: float) -> Figure:
+    """PSNR, SSIM and label accuracy per round (mean over victims), a line per attack."""
+    col = AuditRecord.column
+    fig = Figure(figsize=(12.6, 3.0))
+    axes = fig.subplots(1, len(AUDIT_SCORES))
+    for ax, (field_name, title) in zip(axes, AUDIT_SCORES, strict=True):
+        for attack, group in audit.groupby(col("attack"), sort=False):
+            values = group[col(field_name)].astype(float).replace([np.inf, -np.inf], np.nan)
+            per_round = values.groupby(group[col("round")]).mean()
+            ax.plot(per_round.index, per_round.to_numpy(), marker="o", markersize=3, label=attack)
+        if field_name == "psnr":
+            ax.axhline(success_psnr, linestyle="--", color="grey", linewidth=1)
+        ax.set_title(title, fontsize=9)
+        _round_axis(ax)
+    fig.tight_layout()
+    return fig
+
+
+def _reconstruction_rounds(run_dir: Path, audit: pd.DataFrame) -> list[dict[str, Any]]:
+    col = AuditRecord.column
+    out = []
+    for server_round in sorted(set(audit[col("round")])):
+        group = audit[audit[col("round")] == server_round]
+        grids = []
+        for client, attack in zip(group[col("client")], group[col("attack")], strict=True):
+            name = audit_image_name(int(server_round), int(client), str(attack))
+            path = run_dir / AUDIT_IMAGES / name
+            if path.is_file():
+                grids.append({"name": name, "uri": data_uri(path.read_bytes())})
+        if grids:
+            out.append({"number": int(server_round), "grids": grids})
+    return out
+
+
+def _plan_files(run_dir: Path) -> list[dict[str, str]]:
+    found = sorted({p for pattern in PLAN_PATTERNS for p in run_dir.glob(pattern) if p.is_file()})
+    return [{"name": p.name, "text": p.read_text(errors="replace")} for p in found]
+
+
+def _overview(run_dir: Path, metrics: pd.DataFrame) -> list[str]:
+    lines = [f"run directory: {run_dir.resolve()}", f"rounds finished: {len(metrics)}"]
+    wall = read_wall_seconds(run_dir)
+    if math.isfinite(wall):
+        lines.append(f"wall time: {duration(wall)} ({wall:.1f}s)")
+    else:
+        lines.append("wall time: not recorded (the run has not finished)")
+    if len(metrics):
+        last = metrics.iloc[-1]
+        for key in ACCURACY:
+            if key in metrics and math.isfinite(float(last[key])):
+                lines.append(f"final {key}: {float(last[key]):.4f}")
+    return lines
+
+
+AUDIT_SUMMARY_COLUMNS = [
+    Column("attack", "attack", "text"),
+    Column("attacks", "attacks"),
+    Column("psnr-mean", "PSNR mean (dB)"),
+    Column("psnr-median", "PSNR median"),
+    Column("psnr-max", "PSNR max"),
+    Column("success-rate", "success"),
+    Column("ssim-mean", "SSIM"),
+    Column("label-acc-mean", "label acc."),
+    Column("seconds-mean", "seconds"),
+]
+AUDIT_ROW_FIELDS = (
+    *("round", "client", "attack", "threat_model", "batch_size"),
+    *("psnr", "ssim", "label_acc", "final_objective", "seconds"),
+)
+
+
+def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> Path:
+    """Write ``RUN_DIR/report.html`` from what the run directory holds; return its path."""
+    run_dir = Path(run_dir)
+    metrics_file = run_dir / METRICS_FILE
+    metrics = pd.read_csv(metrics_file) if metrics_file.is_file() else pd.DataFrame()
+    scenario_file = run_dir / SCENARIO_FILE
+    scenario = scenario_file.read_text() if scenario_file.is_file() else "(no scenario.toml)"
+    name = tomllib.loads(scenario).get("name", run_dir.name) if scenario_file.is_file() else ""
+    audit_file = run_dir / AUDIT_FILE
+    audit = pd.read_csv(audit_file) if audit_file.is_file() else pd.DataFrame()
+    context: dict[str, Any] = {
+        "title": f"fedsim run: {name}",
+        "subtitle": str(run_dir),
+        "overview": _overview(run_dir, metrics),
+        "curves": data_uri(figure_png(curves_figure(metrics))) if len(metrics) else "",
+        "audited": not audit.empty,
+        "plan": _plan_files(run_dir),
+        "scenario": scenario,
+        "success_psnr": f"{success_psnr:g}",
+    }
+    if not audit.empty:
+        summary = audit_table(audit, success_psnr)
+        summary["success-rate"] = [f"{v:.0%}" for v in summary["success-rate"]]
+        columns = [Column(AuditRecord.column(f), AuditRecord.column(f)) for f in AUDIT_ROW_FIELDS]
+        context.update(
+            audit_curves=data_uri(figure_png(audit_curves_figure(audit, success_psnr))),
+            audit_summary=_formatted(summary.to_dict("records"), {}),
+            audit_summary_columns=AUDIT_SUMMARY_COLUMNS,
+            audit_rows=_formatted(audit.to_dict("records"), {}),
+            audit_columns=columns,
+            reconstruction_rounds=_reconstruction_rounds(run_dir, audit),
+        )
+    return _render("run.html.j2", run_dir / REPORT_FILE, **context)
+
+
+def write_compare_report(
+    out: Path,
+    title: str,
+    description: str,
+    table: pd.DataFrame,
+    results: pd.DataFrame,
+    plot_png: bytes | None,
+    failed: Mapping[str, str],
+    success_psnr: float,
+    run_report: str,
+) -> Path:
+    """Write ``OUT/report.html`` for a sweep; runs link to ``<run>/<run_report>``."""
+    table_columns = [
+        Column("configuration", "configuration", "text"),
+        Column("attack", "attack", "text"),
+        Column("accuracy", "accuracy (%)"),
+        Column("accuracy-from", "from", "text"),
+        Column("psnr", "PSNR mean (dB)"),
+        Column("psnr-median", "PSNR median"),
+        Column("psnr-max", "PSNR max"),
+        Column("success-rate", f"success (≥ {success_psnr:g} dB)"),
+        Column("ssim", "SSIM"),
+        Column("label-acc", "label acc. (%)"),
+        Column("seeds", "seeds"),
+    ]
+
+    def spread(row: Mapping[Any, Any], score: str, scale: float = 1.0, digits: int = 2) -> str:
+        return mean_std_text(row[f"{score}-mean"], row[f"{score}-std"], scale, digits)
+
+    table_rows = [
+        {
+            "configuration": r["configuration"],
+            "attack": r["attack"] or "-",
+            "accuracy": spread(r, "accuracy", 100),
+            "accuracy-from": r["accuracy-from"],
+            "psnr": spread(r, "psnr"),
+            "psnr-median": number_text(r.get("psnr-median", math.nan)),
+            "psnr-max": number_text(r.get("psnr-max", math.nan)),
+            "success-rate": number_text(r.get("success-rate", math.nan), 0, 100, "%"),
+            "ssim": spread(r, "ssim", digits=3),
+            "label-acc": spread(r, "label-acc", 100, 0),
+            "seeds": str(r["seeds"]),
+        }
+        for r in table.to_dict("records")
+    ]
+    run_columns = [
+        Column("configuration", "configuration", "text"),
+        Column("seed", "seed"),
+        Column("attack", "attack", "text"),
+        Column("accuracy", "accuracy"),
+        Column("psnr", "PSNR mean"),
+        Column("psnr-max", "PSNR max"),
+        Column("seconds", "wall seconds"),
+        Column("report", "report", "link"),
+    ]
+    run_rows = [
+        {
+            "configuration": r["configuration"],
+            "seed": str(r["seed"]),
+            "attack": r["attack"] or "-",
+            "accuracy": _number(r["accuracy"]),
+            "psnr": _number(r["psnr"], 2),
+            "psnr-max": _number(r.get("psnr-max", math.nan), 2),
+            "seconds": _number(r["seconds"], 1),
+            "report": f"{r['run']}/{run_report}",
+        }
+        for r in results.to_dict("records")
+    ]
+    return _render(
+        "compare.html.j2",
+        out / REPORT_FILE,
+        title=f"fedsim compare: {title}",
+        subtitle=description,
+        plot=data_uri(plot_png) if plot_png else "",
+        table_rows=table_rows,
+        table_columns=table_columns,
+        run_rows=run_rows,
+        run_columns=run_columns,
+        failed=dict(failed),
+        success_psnr=f"{success_psnr:g}",
+    )

@@ -1,0 +1,71 @@
+"""report.html in a real browser: headless Chromium loads the pages of a real run and of a
+sweep; every section is in the DOM, every image decoded, and a screenshot is saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from browser import Page, chromium_page, chromium_path
+from rich.console import Console
+from test_compare import FakeRuns, _configs
+
+from fedsim.cli import main
+from fedsim.core.config import load_scenario
+from fedsim.engine.compare import run_sweep
+from fedsim.engine.results import AUDIT_IMAGES, REPORT_FILE
+from fedsim.engine.runner import run_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_SECTIONS = ["overview", "curves", "audit-curves", "audit-table", "reconstructions", "plan"]
+RUN_SECTIONS += ["scenario"]
+SWEEP_SECTIONS = ["privacy-utility", "table", "runs"]
+PAGE_STATE = """({
+  sections: [...document.querySelectorAll('section')].map(s => s.id),
+  images: [...document.images].map(i => [i.alt, i.naturalWidth, i.naturalHeight]),
+  headings: [...document.querySelectorAll('h3')].map(h => h.textContent),
+  cells: [...document.querySelectorAll('td')].map(td => td.textContent),
+})"""
+
+pytestmark = pytest.mark.skipif(chromium_path() is None, reason="make test installs chromium")
+
+
+def _state(page: Page, report: Path, screenshot: Path) -> dict[str, list[object]]:
+    page.open(report.resolve().as_uri())
+    page.screenshot(screenshot)
+    assert screenshot.read_bytes()[:4] == b"\x89PNG"
+    return dict(page.evaluate(PAGE_STATE))
+
+
+@pytest.mark.slow
+def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) -> None:
+    # A real, tiny audited run (2 rounds, one DLG victim a round, a short budget).
+    scenario = load_scenario(
+        REPO / "scenarios" / "audit-fedavg.toml",
+        ["federation.rounds=2", "audit.attacks=[{name='dlg', steps=10, restarts=1}]"],
+    )
+    run_dir = tmp_path / "run"
+    run_scenario(scenario, run_dir, console=Console(quiet=True))
+    assert (run_dir / REPORT_FILE).is_file()  # written by the run itself
+    # A resource plan (issue 13's runner writes one) appears once `fedsim report` rewrites.
+    (run_dir / "plan.json").write_text(json.dumps({"client-actors": 2}))
+    assert main(["report", str(run_dir)]) == 0
+    spec, configs = _configs(tmp_path)
+    run_sweep(spec, configs, tmp_path / "sweep", Console(quiet=True), FakeRuns())
+
+    with chromium_page(tmp_path / "profile") as page:
+        run = _state(page, run_dir / REPORT_FILE, tmp_path / "run-report.png")
+        sweep = _state(page, tmp_path / "sweep" / REPORT_FILE, tmp_path / "sweep-report.png")
+
+    assert run["sections"] == RUN_SECTIONS
+    # curves, audit curves, then one labelled grid per audited round
+    assert len(run["images"]) == 2 + 2
+    assert all(width > 0 and height > 0 for _, width, height in run["images"])
+    assert run["headings"][-3:] == ["Round 1", "Round 2", "plan.json"]
+    assert len(list((run_dir / AUDIT_IMAGES).glob("*.png"))) == 2
+    assert sweep["sections"] == SWEEP_SECTIONS
+    assert [alt for alt, width, _ in sweep["images"] if width > 0] == [
+        "final accuracy against audit PSNR"
+    ]
+    assert "runs/fedavg/seed-0/report.html" in sweep["cells"]
