@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import queue
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from fedsim.engine.results import (
     write_scenario,
     write_summary,
 )
-from fedsim.engine.validate import validate
+from fedsim.engine.validate import actor_count, ray_cpus, validate
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -50,15 +49,6 @@ class RunResult:
     final_arrays: ArrayRecord
 
 
-def _ray_cpus(scenario: Scenario) -> int:
-    return scenario.backend.ray_cpus or os.cpu_count() or 1
-
-
-def actor_count(scenario: Scenario) -> int:
-    """Client actors Flower starts on this machine: one per ``num-cpus`` CPUs."""
-    return max(1, int(_ray_cpus(scenario) / scenario.backend.num_cpus))
-
-
 def backend_config(scenario: Scenario) -> dict[str, Any]:
     """Flower's backend config: client resources and ``ray.init`` arguments."""
     backend = scenario.backend
@@ -68,7 +58,7 @@ def backend_config(scenario: Scenario) -> dict[str, Any]:
     else:
         if scenario.audit.enabled:
             init_args["resources"] = {AUDIT_RESOURCE: scenario.audit.workers}
-        init_args["num_cpus"] = _ray_cpus(scenario)
+        init_args["num_cpus"] = ray_cpus(scenario)
         wants_gpu = backend.num_gpus > 0 or (scenario.audit.enabled and scenario.audit.num_gpus > 0)
         init_args["num_gpus"] = None if wants_gpu else 0
         init_args = {k: v for k, v in init_args.items() if v is not None}
