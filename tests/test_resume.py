@@ -8,6 +8,7 @@ clients wrote their private files, which is what makes resuming subtle.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from fedsim.cli import main as cli_main
 from fedsim.clients.app import build_client_app
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
 from fedsim.engine.checkpoint import (
+    MANIFEST_FILE,
     STATE_FILE,
     Checkpointer,
     capture_rng,
@@ -39,6 +41,7 @@ from fedsim.engine.checkpoint import (
     recover,
     restore_client_state,
     restore_rng,
+    sha256,
 )
 from fedsim.engine.flower import message_context
 from fedsim.engine.loop import RoundRecord
@@ -271,6 +274,7 @@ def test_a_commit_killed_half_way_is_finished_on_recovery(
     }
     assert sorted(p.name for p in (tmp_path / CHECKPOINT_DIR).iterdir()) == [
         CLIENT_STATE_DIR,
+        MANIFEST_FILE,
         STATE_FILE,
     ]
 
@@ -334,7 +338,11 @@ def test_resume_may_extend_the_rounds(tmp_path: Path) -> None:
 def test_checkpoints_load_weights_only(tmp_path: Path) -> None:
     run_dir = checkpointed_run(tmp_path)
     state_path = run_dir / CHECKPOINT_DIR / STATE_FILE
-    torch.save({"format": 1, "round": 2, "payload": Crash()}, state_path)  # arbitrary pickle
+    torch.save({"format": 2, "round": 2, "payload": Crash()}, state_path)  # arbitrary pickle
+    manifest_path = run_dir / CHECKPOINT_DIR / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    manifest["state"] = sha256(state_path)  # a forger who also fixes the checksum
+    manifest_path.write_text(json.dumps(manifest))
 
     with pytest.raises(ScenarioError, match="not a fedsim checkpoint"):
         open_resume(run_dir)

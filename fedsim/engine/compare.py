@@ -76,6 +76,8 @@ from fedsim.core.config import (
     parse_table,
     read_toml,
     require,
+    require_file_name,
+    require_seed,
     scenario_from_dict,
     scenario_to_dict,
 )
@@ -129,6 +131,9 @@ class CompareSpec:
     def __post_init__(self) -> None:
         require(len(self.seeds) >= 1, "seeds", self.seeds, "list at least one seed")
         require(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds, "must differ")
+        for i, seed in enumerate(self.seeds):
+            require_seed(seed, f"seeds[{i}]")
+        require_file_name(self.name, "name")  # the sweep folder is named after it
         require(self.parallel >= 1, "parallel", self.parallel, "must be >= 1")
         require(len(self.strategies) >= 1, "strategies", (), "list at least one strategy")
         require(len(self.defences) >= 1, "defences", (), "list at least one defence entry")

@@ -7,12 +7,13 @@ resumed run needs (:mod:`fedsim.engine.checkpoint`).
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -22,7 +23,7 @@ from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, scenario_to_dict
+from fedsim.core.config import Scenario, ScenarioError, require, scenario_to_dict
 from fedsim.engine.loop import RoundRecord
 
 METRICS_FILE = "metrics.csv"
@@ -34,6 +35,9 @@ AUDIT_FILE = "audit.csv"  # one row per attack (fedsim.core.protocol.AuditRecord
 AUDIT_IMAGES = "audit"  # truth above reconstruction, one PNG per attack
 CLIENT_STATE_DIR = "client_state"  # client-private files; never read by the server
 CHECKPOINT_DIR = "checkpoint"
+LOCK_FILE = ".lock"  # held (flock) by the one process running in the folder
+
+_held_locks: dict[Path, int] = {}  # run folder -> descriptor holding its lock, per process
 
 
 def write_csv_atomic(rows: list[dict[str, Any]], path: Path) -> None:
@@ -43,8 +47,72 @@ def write_csv_atomic(rows: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _refuse(run_dir: Path, what: str) -> ScenarioError:
+    return ScenarioError("run folder", str(run_dir), what)
+
+
+def check_no_links(run_dir: Path) -> None:
+    """A run folder is plain files: fedsim never reads or writes through a symbolic link in it."""
+    for folder, dirs, files in os.walk(run_dir):  # does not descend into linked folders
+        for name in (*dirs, *files):
+            path = Path(folder) / name
+            if path.is_symlink():
+                raise _refuse(
+                    run_dir,
+                    f"holds a symbolic link ({path.relative_to(run_dir)}); "
+                    "a run folder may hold only plain files and folders",
+                )
+
+
+def inside(root: Path, rel: str) -> Path:
+    """``root / rel`` for a name read from a run folder's own files, kept inside ``root``.
+
+    ``rel`` must be relative, without ``..``, and no part of the path below
+    ``root`` may be a symbolic link.
+    """
+    pure = PurePosixPath(rel)
+    plain = (
+        bool(rel)
+        and not pure.is_absolute()
+        and all(part not in ("", ".", "..") for part in pure.parts)
+        and "\\" not in rel
+        and "\0" not in rel
+    )
+    require(plain, "run folder", str(root), f"names a path outside itself: {rel!r}")
+    path = root.joinpath(*pure.parts)
+    below = path
+    while below != root:
+        if below.is_symlink():
+            raise _refuse(root, f"reaches outside itself through a link ({rel!r})")
+        below = below.parent
+    return path
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Refuse a second process running in ``run_dir``; this process keeps the lock until it exits.
+
+    ``flock`` locks die with their process, so a killed run leaves no stale lock.
+    """
+    key = run_dir.resolve()
+    if key in _held_locks:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(run_dir / LOCK_FILE, flags, 0o644)
+    except OSError as err:
+        raise _refuse(run_dir, f"cannot hold its lock file {LOCK_FILE} ({err.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _refuse(
+            run_dir, "is in use by another fedsim process; wait for it or choose another folder"
+        ) from None
+    _held_locks[key] = fd
+
+
 def new_run_dir(scenario: Scenario, out: str | Path | None) -> Path:
-    """``out`` if given, else ``<output.dir>/<name>-<timestamp>``; created empty."""
+    """``out`` if given, else ``<output.dir>/<name>-<timestamp>``; created empty and locked."""
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(scenario.output.dir) / f"{scenario.name}-{stamp}"
@@ -54,12 +122,20 @@ def new_run_dir(scenario: Scenario, out: str | Path | None) -> Path:
             suffix += 1
     else:
         path = Path(out)
-        if (path / SCENARIO_FILE).is_file():
-            # A fresh run in an old run's folder: stale client-private state or a
-            # stale checkpoint would leak into it or into a later --resume.
-            for stale in (CHECKPOINT_DIR, CLIENT_STATE_DIR):
-                shutil.rmtree(path / stale, ignore_errors=True)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ScenarioError(
+            "output.dir", str(path), f"cannot be created ({err.strerror})"
+        ) from None
+    lock_run_dir(path)
+    if (path / SCENARIO_FILE).is_file():
+        # A fresh run in an old run's folder: stale client-private state or a
+        # stale checkpoint would leak into it or into a later --resume.
+        for stale in (path / CHECKPOINT_DIR, path / CLIENT_STATE_DIR):
+            if stale.is_symlink():  # the link goes, never what it points at
+                stale.unlink()
+            shutil.rmtree(stale, ignore_errors=True)
     return path
 
 
