@@ -209,7 +209,7 @@ def _torchvision(dataset_class: str, layout_folder: str | None = None) -> Loader
             raise ScenarioError(
                 "data.root",
                 cfg.root,
-                f"holds no readable {cfg.dataset} data ({type(err).__name__}: "
+                f"holds no {cfg.dataset} data that loads ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else 'no detail'}); point it at a "
                 "torchvision root or set data.download = true on a machine with a network",
             ) from None

@@ -160,14 +160,34 @@ def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "run"
 
 
-def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``overrides``: tables merge key by key, other values replace."""
+NAME_OR_TABLE = ("strategy", "partitioner")  # components given by a name or a table
+
+
+def merge(
+    base: Mapping[str, Any], overrides: Mapping[str, Any], prefix: str = ""
+) -> dict[str, Any]:
+    """``base`` with ``overrides``: tables merge key by key, other values replace.
+
+    A value never replaces a table (or a table a value), except a component
+    given by name or table: that mistake would silently drop a whole table.
+    """
     out = copy.deepcopy(dict(base))
     for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
+        old = out.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            out[key] = merge(old, value, f"{prefix}{key}.")
+            continue
+        require(
+            old is None
+            or isinstance(value, Mapping) == isinstance(old, Mapping)
+            or key in NAME_OR_TABLE,
+            f"{prefix}{key}",
+            value,
+            "must be a table (it would replace the table of that name)"
+            if isinstance(old, Mapping)
+            else f"is not a table here (the base has {old!r})",
+        )
+        out[key] = copy.deepcopy(value)
     return out
 
 
@@ -229,14 +249,14 @@ def _scenario(
     label: str,
     seed: int,
 ) -> Scenario:
-    raw = merge(base, spec.overrides)
-    if s_entry.strategy is not None:
-        raw["strategy"] = copy.deepcopy(s_entry.strategy)
-    raw = merge(raw, s_entry.overrides)
-    raw = merge(raw, {"defences": list(d_entry.chain), **d_entry.overrides})
-    raw = merge(raw, {"federation": {"seed": seed}, "audit": {"seed": seed}})
-    raw["name"] = f"{spec.name}-{slug(label)}-seed-{seed}"
     try:
+        raw = merge(base, spec.overrides)
+        if s_entry.strategy is not None:
+            raw["strategy"] = copy.deepcopy(s_entry.strategy)
+        raw = merge(raw, s_entry.overrides)
+        raw = merge(raw, {"defences": list(d_entry.chain), **d_entry.overrides})
+        raw = merge(raw, {"federation": {"seed": seed}, "audit": {"seed": seed}})
+        raw["name"] = f"{spec.name}-{slug(label)}-seed-{seed}"
         scenario = scenario_from_dict(raw)
         check_components(scenario)
         return scenario

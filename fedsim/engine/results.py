@@ -111,6 +111,13 @@ def lock_run_dir(run_dir: Path) -> None:
     _held_locks[key] = fd
 
 
+def unlock_run_dir(run_dir: Path) -> None:
+    """Let another process run in ``run_dir`` (this one's run there is over)."""
+    fd = _held_locks.pop(run_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
 def new_run_dir(scenario: Scenario, out: str | Path | None) -> Path:
     """``out`` if given, else ``<output.dir>/<name>-<timestamp>``; created empty and locked."""
     if out is None:
