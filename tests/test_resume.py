@@ -357,3 +357,59 @@ def test_cli_reports_bad_resume_before_starting_anything(
     assert "--resume" in capsys.readouterr().err
     assert cli_main(["run", "scenarios/quickstart.toml", "--resume", str(run_dir)]) == 2
     assert "takes no scenario file" in capsys.readouterr().err
+
+
+class Kill(BaseException):
+    """Stands in for SIGKILL: nothing in fedsim catches it."""
+
+
+def test_killed_at_random_server_writes_then_resumed_matches_an_uninterrupted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kill at seeded random atomic renames of the server (CSV rows, checkpoint moves)."""
+    table = tiny_table({"name": "fedsplit"}, federation={"rounds": 3, "num-clients": 3})
+    table["federation"]["clients-per-round"] = 2
+    table["data"]["samples-per-client"] = 30
+    scenario = scenario_from_dict(table)
+    replace = os.replace
+    renames: list[str] = []
+
+    def server_write(run_dir: Path, kill_at: int) -> Any:
+        def renamed(src: Any, dst: Any) -> None:
+            path = Path(dst)
+            if (
+                run_dir in path.parents
+                and CLIENT_STATE_DIR not in path.relative_to(run_dir).parts[:1]
+            ):
+                renames.append(str(path.relative_to(run_dir)))
+                if len(renames) == kill_at:
+                    raise Kill
+            replace(src, dst)
+
+        return renamed
+
+    whole = fresh_run_dir(scenario, tmp_path / "whole")
+    monkeypatch.setattr(os, "replace", server_write(whole, 0))
+    serve_in_process(scenario, whole)
+    total = len(renames)
+    kills = sorted(np.random.default_rng(18).choice(np.arange(1, total + 1), 2, replace=False))
+    for kill_at in kills:
+        renames.clear()
+        stopped = fresh_run_dir(scenario, tmp_path / f"killed-at-{kill_at}")
+        monkeypatch.setattr(os, "replace", server_write(stopped, int(kill_at)))
+        with pytest.raises(Kill):
+            serve_in_process(scenario, stopped)
+        monkeypatch.setattr(os, "replace", replace)
+        recover(stopped)  # what --resume does first: finish a commit the kill cut short
+        done = checkpointed_round(stopped)
+        if done is None:  # killed before the first checkpoint: nothing to resume
+            continue
+        if done < scenario.federation.rounds:  # else killed after the last checkpoint
+            resumed, checkpoint = open_resume(stopped)
+            serve_in_process(resumed, stopped, resume=checkpoint)
+        pd.testing.assert_frame_equal(
+            pd.read_csv(whole / METRICS_FILE).drop(columns="seconds"),
+            pd.read_csv(stopped / METRICS_FILE).drop(columns="seconds"),
+            check_exact=True,
+        )
+        assert private_files(whole).keys() == private_files(stopped).keys()
