@@ -366,10 +366,15 @@ class Kill(BaseException):
 def test_killed_at_random_server_writes_then_resumed_matches_an_uninterrupted_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Kill at seeded random atomic renames of the server (CSV rows, checkpoint moves)."""
-    table = tiny_table({"name": "fedsplit"}, federation={"rounds": 3, "num-clients": 3})
-    table["federation"]["clients-per-round"] = 2
-    table["data"]["samples-per-client"] = 30
+    """Kill at seeded random atomic renames of the server (metrics rows, checkpoint commits).
+
+    FedSplit keeps private client files, which the checkpoint must bring back.
+    """
+    table = tiny_table(
+        {"name": "fedsplit"},
+        federation={"rounds": 3, "num-clients": 3, "clients-per-round": 2},
+        data={"samples-per-client": 30},
+    )
     scenario = scenario_from_dict(table)
     replace = os.replace
     renames: list[str] = []

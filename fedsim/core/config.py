@@ -329,7 +329,8 @@ class BackendConfig:
     ray_cpus: int = 0
 
     def __post_init__(self) -> None:
-        require(self.num_cpus > 0, "num-cpus", self.num_cpus, "must be > 0")
+        # Ray counts resources in steps of 1e-4: a smaller request is zero to Ray.
+        require(self.num_cpus >= 1e-4, "num-cpus", self.num_cpus, "must be >= 0.0001")
         require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
         require(
             self.ray_cpus >= 0,
