@@ -271,3 +271,13 @@ def test_two_processes_cannot_run_in_one_folder(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     open_resume(run_dir)  # the lock died with its holder
+
+
+@pytest.mark.parametrize("marker", [b"{half", b"[1, 2]", b"\xff\xfe"])
+def test_a_damaged_sweep_marker_means_the_run_is_done_again(tmp_path: Path, marker: bytes) -> None:
+    from fedsim.engine.compare import MARKER, is_finished
+
+    config = cast(Any, SimpleNamespace(scenario=scenario_from_dict(SCENARIO)))
+    (tmp_path / MARKER).write_bytes(marker)
+
+    assert not is_finished(config, tmp_path)

@@ -53,6 +53,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -272,9 +273,13 @@ def scenario_hash(scenario: Scenario) -> str:
 def is_finished(config: Configuration, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a completed run of exactly ``config``'s scenario."""
     marker = run_dir / MARKER
-    if not marker.is_file():
+    if run_dir.is_symlink() or marker.is_symlink() or not marker.is_file():
         return False
-    return bool(json.loads(marker.read_text()).get("scenario") == scenario_hash(config.scenario))
+    try:
+        record = json.loads(marker.read_text())
+    except (ValueError, UnicodeDecodeError):  # damaged: the run is done again
+        return False
+    return isinstance(record, dict) and record.get("scenario") == scenario_hash(config.scenario)
 
 
 def mark_finished(config: Configuration, run_dir: Path) -> None:
@@ -283,7 +288,9 @@ def mark_finished(config: Configuration, run_dir: Path) -> None:
         "seed": config.seed,
         "scenario": scenario_hash(config.scenario),
     }
-    (run_dir / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    tmp = run_dir / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, run_dir / MARKER)  # a kill mid-write leaves no half marker
 
 
 RunFn = Callable[[Scenario, Path, Console], None]
@@ -344,7 +351,9 @@ def run_sweep(
         if is_finished(config, run_dir):
             skipped.append(config)
             continue
-        if run_dir.exists():  # interrupted, or run with another configuration
+        if run_dir.is_symlink():  # a sweep folder is data: the link goes, not its target
+            run_dir.unlink()
+        elif run_dir.exists():  # interrupted, or run with another configuration
             console.print(f"[yellow]starting {config.path} over[/yellow]")
             shutil.rmtree(run_dir)
         todo.append(config)
