@@ -32,6 +32,7 @@ from fedsim.engine.checkpoint import (
     recover,
     sha256,
 )
+from fedsim.engine.compare import MARKER, is_finished
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import (
     CHECKPOINT_DIR,
@@ -275,8 +276,6 @@ def test_two_processes_cannot_run_in_one_folder(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("marker", [b"{half", b"[1, 2]", b"\xff\xfe"])
 def test_a_damaged_sweep_marker_means_the_run_is_done_again(tmp_path: Path, marker: bytes) -> None:
-    from fedsim.engine.compare import MARKER, is_finished
-
     config = cast(Any, SimpleNamespace(scenario=scenario_from_dict(SCENARIO)))
     (tmp_path / MARKER).write_bytes(marker)
 
