@@ -8,6 +8,7 @@ clients wrote their private files, which is what makes resuming subtle.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from fedsim.cli import main as cli_main
 from fedsim.clients.app import build_client_app
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
 from fedsim.engine.checkpoint import (
+    MANIFEST_FILE,
     STATE_FILE,
     Checkpointer,
     capture_rng,
@@ -39,6 +41,7 @@ from fedsim.engine.checkpoint import (
     recover,
     restore_client_state,
     restore_rng,
+    sha256,
 )
 from fedsim.engine.flower import message_context
 from fedsim.engine.loop import RoundRecord
@@ -271,6 +274,7 @@ def test_a_commit_killed_half_way_is_finished_on_recovery(
     }
     assert sorted(p.name for p in (tmp_path / CHECKPOINT_DIR).iterdir()) == [
         CLIENT_STATE_DIR,
+        MANIFEST_FILE,
         STATE_FILE,
     ]
 
@@ -334,7 +338,11 @@ def test_resume_may_extend_the_rounds(tmp_path: Path) -> None:
 def test_checkpoints_load_weights_only(tmp_path: Path) -> None:
     run_dir = checkpointed_run(tmp_path)
     state_path = run_dir / CHECKPOINT_DIR / STATE_FILE
-    torch.save({"format": 1, "round": 2, "payload": Crash()}, state_path)  # arbitrary pickle
+    torch.save({"format": 2, "round": 2, "payload": Crash()}, state_path)  # arbitrary pickle
+    manifest_path = run_dir / CHECKPOINT_DIR / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    manifest["state"] = sha256(state_path)  # a forger who also fixes the checksum
+    manifest_path.write_text(json.dumps(manifest))
 
     with pytest.raises(ScenarioError, match="not a fedsim checkpoint"):
         open_resume(run_dir)
@@ -349,3 +357,64 @@ def test_cli_reports_bad_resume_before_starting_anything(
     assert "--resume" in capsys.readouterr().err
     assert cli_main(["run", "scenarios/quickstart.toml", "--resume", str(run_dir)]) == 2
     assert "takes no scenario file" in capsys.readouterr().err
+
+
+class Kill(BaseException):
+    """Stands in for SIGKILL: nothing in fedsim catches it."""
+
+
+def test_killed_at_random_server_writes_then_resumed_matches_an_uninterrupted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kill at seeded random atomic renames of the server (metrics rows, checkpoint commits).
+
+    FedSplit keeps private client files, which the checkpoint must bring back.
+    """
+    table = tiny_table(
+        {"name": "fedsplit"},
+        federation={"rounds": 3, "num-clients": 3, "clients-per-round": 2},
+        data={"samples-per-client": 30},
+    )
+    scenario = scenario_from_dict(table)
+    replace = os.replace
+    renames: list[str] = []
+
+    def server_write(run_dir: Path, kill_at: int) -> Any:
+        def renamed(src: Any, dst: Any) -> None:
+            path = Path(dst)
+            if (
+                run_dir in path.parents
+                and CLIENT_STATE_DIR not in path.relative_to(run_dir).parts[:1]
+            ):
+                renames.append(str(path.relative_to(run_dir)))
+                if len(renames) == kill_at:
+                    raise Kill
+            replace(src, dst)
+
+        return renamed
+
+    whole = fresh_run_dir(scenario, tmp_path / "whole")
+    monkeypatch.setattr(os, "replace", server_write(whole, 0))
+    serve_in_process(scenario, whole)
+    total = len(renames)
+    kills = sorted(np.random.default_rng(18).choice(np.arange(1, total + 1), 2, replace=False))
+    for kill_at in kills:
+        renames.clear()
+        stopped = fresh_run_dir(scenario, tmp_path / f"killed-at-{kill_at}")
+        monkeypatch.setattr(os, "replace", server_write(stopped, int(kill_at)))
+        with pytest.raises(Kill):
+            serve_in_process(scenario, stopped)
+        monkeypatch.setattr(os, "replace", replace)
+        recover(stopped)  # what --resume does first: finish a commit the kill cut short
+        done = checkpointed_round(stopped)
+        if done is None:  # killed before the first checkpoint: nothing to resume
+            continue
+        if done < scenario.federation.rounds:  # else killed after the last checkpoint
+            resumed, checkpoint = open_resume(stopped)
+            serve_in_process(resumed, stopped, resume=checkpoint)
+        pd.testing.assert_frame_equal(
+            pd.read_csv(whole / METRICS_FILE).drop(columns="seconds"),
+            pd.read_csv(stopped / METRICS_FILE).drop(columns="seconds"),
+            check_exact=True,
+        )
+        assert private_files(whole).keys() == private_files(stopped).keys()

@@ -26,7 +26,7 @@ from fedsim.attacks.base import Observation
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.matching import MatchingProblem
 from fedsim.core import protocol
-from fedsim.core.config import require
+from fedsim.core.config import Scenario, require
 from fedsim.core.gan import NOISE_DIM, build_generator
 from fedsim.core.seeds import SeedStream, derive_seed
 
@@ -62,6 +62,16 @@ class AlignedDLG(DLG):
 
     Params = AlignedDLGParams
     params: AlignedDLGParams
+
+    @classmethod
+    def check_scenario(cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str) -> None:
+        require(
+            uploads is not None and protocol.GENERATOR in uploads,
+            f"{key}.name",
+            "aligned-dlg",
+            "needs the clients' uploaded generator (strategy fedcg); "
+            f"strategy {scenario.strategy.name!r} uploads none",
+        )
 
     def victim_extras(
         self, observation: Observation, labels: torch.Tensor | None, seed: int

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from fedsim.core.config import ClientConfig, ModelConfig
+from fedsim.core.config import ClientConfig, ModelConfig, Scenario
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec
 
@@ -94,6 +94,15 @@ class Attack(ABC):
         values = objective.detach().flatten()
         finite = values[torch.isfinite(values)]
         self.progress(step, total, float(finite.min()) if len(finite) else float("inf"))
+
+    @classmethod
+    def check_scenario(cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str) -> None:
+        """Reject, before Ray starts, a scenario whose server never sees what this attack needs.
+
+        ``uploads``: the parameter-name prefixes the strategy's clients upload
+        (``None``: the whole model). Raise :class:`~fedsim.core.config.ScenarioError`.
+        """
+        return None
 
     @abstractmethod
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:

@@ -47,7 +47,7 @@ def load_private(env: ClientEnv) -> dict[str, torch.Tensor] | None:
         return dict(record.to_torch_state_dict())
     if env.state_dir is not None:
         path = state_file(env.state_dir, env.partition_id)
-        if path.is_file():
+        if path.is_file() and not path.is_symlink():  # never read through a link
             return dict(torch.load(path, weights_only=True)["arrays"])
     return None
 
@@ -61,5 +61,6 @@ def save_private(env: ClientEnv, tensors: Tensors, server_round: int) -> None:
     env.state_dir.mkdir(parents=True, exist_ok=True)
     path = state_file(env.state_dir, env.partition_id)
     tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)  # a link planted there is removed, never written through
     torch.save({"round": server_round, "arrays": cpu}, tmp)
     os.replace(tmp, path)  # a crash mid-write leaves the previous round's file

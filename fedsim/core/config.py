@@ -13,6 +13,7 @@ Keys are kebab-case in TOML (``clients-per-round``) and snake_case in Python.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -38,6 +39,31 @@ def require(condition: bool, key: str, value: object, allowed: str) -> None:
     """Raise :class:`ScenarioError` unless ``condition`` holds."""
     if not condition:
         raise ScenarioError(key, value, allowed)
+
+
+def require_seed(seed: int, key: str) -> None:
+    """Seeds feed NumPy's ``SeedSequence``, which takes no negative numbers."""
+    require(seed >= 0, key, seed, "must be >= 0 (a seed)")
+
+
+MAX_IMAGE_SIZE = 1024
+"""Every image is held in memory at ``image-size``; 1024 is 8x the largest dataset side here."""
+
+
+def require_file_name(name: str, key: str) -> None:
+    """``name`` becomes a file or folder name: one plain path component, never ``..``."""
+    plain = (
+        bool(name)
+        and name not in (".", "..")
+        and not any(c in name for c in "/\\\0")
+        and name.isprintable()
+    )
+    require(
+        plain,
+        key,
+        name,
+        "must be a plain file name (no '/', '\\', '..', control characters; not empty)",
+    )
 
 
 def _describe(tp: Any) -> str:
@@ -78,6 +104,8 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if tp is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         require(ok, key, value, "must be a number")
+        # inf and nan pass every range check and then train garbage or hang.
+        require(math.isfinite(value), key, value, "must be a finite number")
         return float(value)
     if tp is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
@@ -189,6 +217,7 @@ class FederationConfig:
     def __post_init__(self) -> None:
         require(self.num_clients >= 1, "num-clients", self.num_clients, "must be >= 1")
         require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
+        require_seed(self.seed, "seed")
         require(
             self.clients_per_round is None or self.fraction is None,
             "clients-per-round",
@@ -236,7 +265,12 @@ class DataConfig:
     test_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        require(self.image_size >= 8, "image-size", self.image_size, "must be >= 8")
+        require(
+            8 <= self.image_size <= MAX_IMAGE_SIZE,
+            "image-size",
+            self.image_size,
+            f"must be between 8 and {MAX_IMAGE_SIZE}",
+        )
         require(
             self.samples_per_client >= 0,
             "samples-per-client",
@@ -296,7 +330,8 @@ class BackendConfig:
     wait_timeout: float = 120.0  # seconds to wait for Ray resources (the audit's reservation)
 
     def __post_init__(self) -> None:
-        require(self.num_cpus > 0, "num-cpus", self.num_cpus, "must be > 0")
+        # Ray counts resources in steps of 1e-4: a smaller request is zero to Ray.
+        require(self.num_cpus >= 1e-4, "num-cpus", self.num_cpus, "must be >= 0.0001")
         require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
         require(
             self.ray_cpus >= 0,
@@ -350,6 +385,7 @@ class AuditConfig:
         )
         require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
         require(self.max_images >= 1, "max-images", self.max_images, "must be >= 1")
+        require_seed(self.seed, "seed")
 
     def audits_round(self, server_round: int) -> bool:
         if self.rounds:
@@ -424,6 +460,9 @@ class Scenario:
     output: OutputConfig = OutputConfig()
     log: LogConfig = LogConfig()
 
+    def __post_init__(self) -> None:
+        require_file_name(self.name, "name")  # run folders are named after it
+
 
 def _parse_value(text: str) -> Any:
     """Parse an override's value as TOML; bare words are strings."""
@@ -455,6 +494,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def _table(value: Any, key: str) -> dict[str, Any]:
+    require(isinstance(value, Mapping), key, value, "must be a table")
+    return dict(value)
+
+
 def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     """Raw tables (already merged with overrides) as a well-formed :class:`Scenario`.
 
@@ -464,9 +508,9 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     """
     tables = dict(raw)
     strategy = _component(tables.pop("strategy", None), "strategy", "fedavg")
-    data_table = dict(tables.pop("data", {}) or {})
+    data_table = _table(tables.pop("data", {}), "data")
     partitioner = _component(data_table.pop("partitioner", None), "data.partitioner", "iid")
-    audit_table = dict(tables.pop("audit", {}) or {})
+    audit_table = _table(tables.pop("audit", {}), "audit")
     attack_tables = audit_table.pop("attacks", None)
     defence_tables = tables.pop("defences", [])
     require(
@@ -503,7 +547,13 @@ def read_toml(path: str | Path, key: str = "scenario") -> dict[str, Any]:
     if not path.is_file():
         raise ScenarioError(key, str(path), "no such file")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise ScenarioError(key, str(path), f"cannot be read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ScenarioError(
+            key, str(path), f"is not UTF-8 text (byte {err.start}); TOML files are UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as err:
         raise ScenarioError(key, str(path), f"is not valid TOML: {err}") from None
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import gzip
 import importlib
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -159,17 +160,35 @@ _MNIST_FILES = (
 )
 
 
+def _unpack_gzip(source: Path, target: Path) -> None:
+    """Unpack ``source`` to ``target`` atomically: a failed unpack leaves no ``target``."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with gzip.open(source) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(tmp, target)
+    except (OSError, EOFError) as err:  # BadGzipFile is an OSError
+        tmp.unlink(missing_ok=True)
+        raise ScenarioError(
+            "data.root", str(source.parent), f"{source.name} is not a readable gzip file ({err})"
+        ) from None
+
+
 def _mnist_root(cfg: DataConfig, folder: str) -> Path:
-    """torchvision's MNIST layout; a folder of bare ``*.gz`` idx files is mirrored."""
+    """torchvision's MNIST layout; a folder of bare ``*.gz`` idx files is mirrored.
+
+    The mirror is a cache: it is rebuilt when a source file is newer than its copy.
+    """
     root = Path(cfg.root).expanduser()
     if all((root / f"{name}.gz").is_file() for name in _MNIST_FILES):
         cache = Path.home() / ".cache" / "fedsim" / root.resolve().as_posix().strip("/")
         raw = cache / folder / "raw"
         raw.mkdir(parents=True, exist_ok=True)
         for name in _MNIST_FILES:
-            if not (raw / name).is_file():
-                with gzip.open(root / f"{name}.gz") as src, open(raw / name, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+            source, copy = root / f"{name}.gz", raw / name
+            fresh = copy.is_file() and copy.stat().st_mtime_ns >= source.stat().st_mtime_ns
+            if not fresh:
+                _unpack_gzip(source, copy)
         return cache
     return root
 
@@ -187,12 +206,15 @@ def _torchvision(dataset_class: str, layout_folder: str | None = None) -> Loader
             else:
                 train = cls(str(root), train=True, download=cfg.download)
                 test = cls(str(root), train=False, download=cfg.download)
-        except RuntimeError as err:
+        except (RuntimeError, OSError, EOFError, ValueError) as err:
+            # Missing files (RuntimeError, FileNotFoundError) and malformed ones
+            # (truncated idx, a pickle that is not CIFAR's) alike.
             raise ScenarioError(
                 "data.root",
                 cfg.root,
-                f"holds no {cfg.dataset} data ({err}); point it at a torchvision root "
-                "or set data.download = true on a machine with a network",
+                f"holds no {cfg.dataset} data that loads ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else 'no detail'}); point it at a "
+                "torchvision root or set data.download = true on a machine with a network",
             ) from None
 
         def arrays(ds: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -241,9 +263,25 @@ def _shape(images: np.ndarray, cfg: DataConfig) -> torch.Tensor:
     return x.clamp(0, 1).contiguous()
 
 
+@functools.lru_cache(maxsize=2)
+def _load_raw(cfg_key: DataConfig) -> RawDataset:
+    return DATASETS.get(cfg_key.dataset)(cfg_key)
+
+
+def load_raw(cfg: DataConfig) -> RawDataset:
+    """The dataset as its loader gives it, before resizing (cached; cheap to size things by)."""
+    return _load_raw(DataConfig(dataset=cfg.dataset, root=cfg.root, download=cfg.download))
+
+
+def shaped_channels(raw: RawDataset, cfg: DataConfig) -> int:
+    """Channels of the images after :func:`_shape` applies ``cfg.channels``."""
+    native = 1 if raw.train_images.ndim == 3 else int(raw.train_images.shape[-1])
+    return {"rgb": 3, "gray": 1}.get(cfg.channels, native)
+
+
 @functools.lru_cache(maxsize=8)
 def _load_cached(cfg_key: DataConfig) -> DatasetBundle:
-    raw = DATASETS.get(cfg_key.dataset)(cfg_key)
+    raw = load_raw(cfg_key)
     train, test = _shape(raw.train_images, cfg_key), _shape(raw.test_images, cfg_key)
     channels = int(train.shape[1])
     norm = Normalization.identity(channels)
@@ -283,4 +321,4 @@ def check_dataset_available(cfg: DataConfig) -> None:
             )
         if not Path(cfg.root).expanduser().is_dir():
             raise ScenarioError("data.root", cfg.root, "no such folder")
-        load_dataset(cfg)
+    load_raw(cfg)  # raises ScenarioError for missing or malformed files

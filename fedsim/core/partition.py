@@ -86,6 +86,12 @@ def dirichlet(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: DirichletParams
 ) -> list[np.ndarray]:
     """Label skew: each class split by Dirichlet(alpha) shares (smaller alpha, more skew)."""
+    if num_clients * params.min_size > len(labels):
+        raise ValueError(
+            f"{num_clients} clients with min-size={params.min_size} samples each need "
+            f"{num_clients * params.min_size}, the dataset has {len(labels)}; "
+            "lower min-size or num-clients"
+        )
     classes = np.unique(labels)
     # Redraw until every client has min_size samples (the usual FL benchmark rule),
     # bounded so that impossible requests fail instead of looping.

@@ -5,6 +5,7 @@ Layout under the run directory::
     checkpoint/
       state.pt          the last completed round: global model, strategy state,
                         server RNG states, component states (metrics rows, ...)
+      manifest.json     SHA-256 of state.pt and of every file in client_state/
       client_state/     client_state/ as it was when that round ended
       stage-<r>/        transient: round r's checkpoint being written
       commit-<r>/       transient: round r's checkpoint being moved into place
@@ -16,6 +17,11 @@ A run killed at any moment leaves either the previous round (a ``stage-`` is
 discarded) or round ``r`` (a ``commit-`` is finished) when it is resumed.
 Clients may already have written private files for a round that never
 committed; resuming puts ``client_state/`` back as the checkpoint has it.
+
+Resuming trusts nothing in the folder: a checkpoint file that differs from its
+checksum, a missing client file, a symbolic link anywhere, or a name that
+leads outside the folder is refused with one line before anything is loaded
+(:func:`fedsim.engine.results.check_no_links`, :func:`~fedsim.engine.results.inside`).
 
 What is not saved, because it is derived again: client sampling and injected
 failures (seeded by seed and round), client training seeds (seed, round,
@@ -30,12 +36,14 @@ audit's rows) joins the checkpoint by implementing :class:`Checkpointable`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
-import pickle
 import random
 import shutil
+import stat
 import tomllib
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +55,21 @@ from flwr.app import ArrayRecord
 
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, require, scenario_to_dict
 from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import CHECKPOINT_DIR, CLIENT_STATE_DIR, SCENARIO_FILE
+from fedsim.engine.results import (
+    CHECKPOINT_DIR,
+    CLIENT_STATE_DIR,
+    SCENARIO_FILE,
+    check_no_links,
+    inside,
+    lock_run_dir,
+)
 from fedsim.strategies.base import FedsimStrategy
 
 STATE_FILE = "state.pt"
 DELETED_FILE = "deleted.json"  # client files removed since the previous checkpoint
-FORMAT = 1
+MANIFEST_FILE = "manifest.json"
+FORMAT = 2  # 2: checksums in manifest.json
+STATE_KEYS = ("format", "round", "arrays", "strategy", "rng", "components", "scenario")
 
 
 @runtime_checkable
@@ -125,14 +142,21 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 
 def _files(root: Path) -> dict[str, os.stat_result]:
+    """Regular files under ``root`` (links are never followed nor copied)."""
     # A client that missed the reply deadline may still be writing (a temporary
     # file renamed away mid-scan); what vanishes is left to the next checkpoint.
     found: dict[str, os.stat_result] = {}
-    for path in root.rglob("*") if root.is_dir() else ():
+    for path in root.rglob("*") if root.is_dir() and not root.is_symlink() else ():
         with contextlib.suppress(FileNotFoundError):
-            if path.is_file():
-                found[path.relative_to(root).as_posix()] = path.stat()
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode):
+                found[path.relative_to(root).as_posix()] = st
     return found
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int]:
@@ -153,9 +177,18 @@ def _differences(source: Path, target: Path) -> tuple[list[str], list[str]]:
 
 def _copy(source: Path, target: Path, files: Sequence[str]) -> None:
     for rel in files:
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        destination = inside(target, rel)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.unlink(missing_ok=True)  # a link there is removed, never written through
         with contextlib.suppress(FileNotFoundError):  # see _files
-            shutil.copy2(source / rel, target / rel)
+            shutil.copy2(inside(source, rel), destination, follow_symlinks=False)
+
+
+def _json_list(path: Path) -> list[str]:
+    names = json.loads(path.read_text())
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ScenarioError("run folder", str(path), "is not a list of file names")
+    return names
 
 
 def _apply(checkpoint_dir: Path, commit: Path) -> None:
@@ -163,15 +196,35 @@ def _apply(checkpoint_dir: Path, commit: Path) -> None:
     mirror = checkpoint_dir / CLIENT_STATE_DIR
     staged = commit / CLIENT_STATE_DIR
     for rel in _files(staged):
-        (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged / rel, mirror / rel)
+        destination = inside(mirror, rel)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged / rel, destination)
     deleted = commit / DELETED_FILE
     if deleted.is_file():
-        for rel in json.loads(deleted.read_text()):
-            (mirror / rel).unlink(missing_ok=True)
-    if (commit / STATE_FILE).is_file():
-        os.replace(commit / STATE_FILE, checkpoint_dir / STATE_FILE)
+        for rel in _json_list(deleted):
+            inside(mirror, rel).unlink(missing_ok=True)
+    for name in (MANIFEST_FILE, STATE_FILE):
+        if (commit / name).is_file():
+            os.replace(commit / name, checkpoint_dir / name)
     shutil.rmtree(commit)
+
+
+def _read_manifest(checkpoint_dir: Path) -> dict[str, Any] | None:
+    path = checkpoint_dir / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        manifest = None
+    ok = (
+        isinstance(manifest, dict)
+        and isinstance(manifest.get("state"), str)
+        and isinstance(manifest.get(CLIENT_STATE_DIR), dict)
+    )
+    if not ok:
+        raise ScenarioError("--resume", str(path), "is damaged (not a fedsim checkpoint manifest)")
+    return typing.cast(dict[str, Any], manifest)
 
 
 def commit(run_dir: Path, server_round: int, state: dict[str, Any]) -> None:
@@ -185,6 +238,12 @@ def commit(run_dir: Path, server_round: int, state: dict[str, Any]) -> None:
     changed, deleted = _differences(live, checkpoint_dir / CLIENT_STATE_DIR)
     _copy(live, stage / CLIENT_STATE_DIR, changed)
     (stage / DELETED_FILE).write_text(json.dumps(deleted))
+    previous = _read_manifest(checkpoint_dir) or {CLIENT_STATE_DIR: {}}
+    digests = {k: v for k, v in previous[CLIENT_STATE_DIR].items() if k not in deleted}
+    for rel, _st in _files(stage / CLIENT_STATE_DIR).items():
+        digests[rel] = sha256(stage / CLIENT_STATE_DIR / rel)
+    manifest = {"state": sha256(stage / STATE_FILE), CLIENT_STATE_DIR: digests}
+    (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     done = checkpoint_dir / f"commit-{server_round}"
     os.rename(stage, done)
     _apply(checkpoint_dir, done)
@@ -201,14 +260,64 @@ def recover(run_dir: Path) -> None:
         shutil.rmtree(path)
 
 
+def verify_checkpoint(run_dir: Path) -> dict[str, str]:
+    """Check ``checkpoint/`` against its manifest; return the client files' digests.
+
+    Raises :class:`ScenarioError` for a changed, damaged or missing file.
+    """
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    manifest = _read_manifest(checkpoint_dir)
+    require(
+        manifest is not None,
+        "--resume",
+        str(run_dir),
+        f"{CHECKPOINT_DIR}/{MANIFEST_FILE} is missing: the checkpoint cannot be verified "
+        "(written by an older fedsim, or damaged); start the run again",
+    )
+    assert manifest is not None
+    if sha256(checkpoint_dir / STATE_FILE) != manifest["state"]:
+        raise ScenarioError(
+            "--resume",
+            str(run_dir),
+            f"{CHECKPOINT_DIR}/{STATE_FILE} does not match its checksum: it was changed or "
+            "damaged after it was written",
+        )
+    digests: dict[str, str] = manifest[CLIENT_STATE_DIR]
+    mirror = checkpoint_dir / CLIENT_STATE_DIR
+    found = _files(mirror)
+    for rel, digest in sorted(digests.items()):
+        path = inside(mirror, rel)
+        where = f"{CHECKPOINT_DIR}/{CLIENT_STATE_DIR}/{rel}"
+        require(rel in found, "--resume", str(run_dir), f"{where} is missing")
+        if sha256(path) != digest:
+            raise ScenarioError(
+                "--resume", str(run_dir), f"{where} does not match its checksum (damaged)"
+            )
+    extra = sorted(set(found) - set(digests))
+    require(
+        not extra,
+        "--resume",
+        str(run_dir),
+        f"{CHECKPOINT_DIR}/{CLIENT_STATE_DIR}/{extra[0] if extra else ''} is not in the "
+        "checkpoint's manifest",
+    )
+    return digests
+
+
 def restore_client_state(run_dir: Path) -> None:
-    """Put ``client_state/`` back as the checkpoint has it (clients may have written past it)."""
+    """Put ``client_state/`` back as the checkpoint has it (clients may have written past it).
+
+    Files are compared by checksum with the checkpoint's manifest: a damaged,
+    missing or extra live file is replaced or removed.
+    """
     live = run_dir / CLIENT_STATE_DIR
     mirror = run_dir / CHECKPOINT_DIR / CLIENT_STATE_DIR
-    changed, extra = _differences(mirror, live)
-    for rel in extra:
-        (live / rel).unlink()
-    _copy(mirror, live, changed)
+    digests = verify_checkpoint(run_dir)
+    have = _files(live)
+    for rel in sorted(set(have) - set(digests)):
+        inside(live, rel).unlink()
+    stale = [rel for rel, d in digests.items() if rel not in have or sha256(live / rel) != d]
+    _copy(mirror, live, stale)
 
 
 class Checkpointer:
@@ -272,6 +381,8 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
         str(path),
         f"is not a fedsim run directory (no {SCENARIO_FILE})",
     )
+    check_no_links(path)
+    lock_run_dir(path)
     scenario = load_scenario(path / SCENARIO_FILE)
     recover(path)
     state_path = path / CHECKPOINT_DIR / STATE_FILE
@@ -281,15 +392,31 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
         str(path),
         "has no checkpoint: the run stopped before its first round ended; start it again",
     )
+    verify_checkpoint(path)
     try:
         state = torch.load(state_path, weights_only=True)
-    except pickle.UnpicklingError as err:  # an object weights_only loading refuses to build
+    except Exception as err:  # any unreadable file is one refusal
+        # weights_only refuses arbitrary objects (UnpicklingError); truncation
+        # and garbage raise whatever the zip or pickle reader meets first.
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ScenarioError(
             "--resume",
             str(path),
-            f"{CHECKPOINT_DIR}/{STATE_FILE} is not a fedsim checkpoint: {err}",
+            f"{CHECKPOINT_DIR}/{STATE_FILE} is not a fedsim checkpoint: {reason}",
         ) from None
-    require(state.get("format") == FORMAT, "--resume", str(path), "checkpoint format unknown")
+    require(
+        isinstance(state, dict) and state.get("format") == FORMAT,
+        "--resume",
+        str(path),
+        f"checkpoint format unknown (this fedsim writes format {FORMAT})",
+    )
+    missing = [key for key in STATE_KEYS if key not in state]
+    require(
+        not missing,
+        "--resume",
+        str(path),
+        f"{CHECKPOINT_DIR}/{STATE_FILE} lacks {', '.join(missing)}: not a complete checkpoint",
+    )
     # The file as written, not as parsed: keys a newer fedsim added, with their
     # defaults, are no edit.
     written = tomllib.loads((path / SCENARIO_FILE).read_text())

@@ -57,6 +57,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -80,6 +81,8 @@ from fedsim.core.config import (
     parse_table,
     read_toml,
     require,
+    require_file_name,
+    require_seed,
     scenario_from_dict,
     scenario_to_dict,
 )
@@ -147,6 +150,9 @@ class CompareSpec:
     def __post_init__(self) -> None:
         require(len(self.seeds) >= 1, "seeds", self.seeds, "list at least one seed")
         require(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds, "must differ")
+        for i, seed in enumerate(self.seeds):
+            require_seed(seed, f"seeds[{i}]")
+        require_file_name(self.name, "name")  # the sweep folder is named after it
         require(self.parallel >= 1, "parallel", self.parallel, "must be >= 1")
         require(len(self.strategies) >= 1, "strategies", (), "list at least one strategy")
         require(len(self.defences) >= 1, "defences", (), "list at least one defence entry")
@@ -173,14 +179,34 @@ def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "run"
 
 
-def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``overrides``: tables merge key by key, other values replace."""
+NAME_OR_TABLE = ("strategy", "partitioner")  # components given by a name or a table
+
+
+def merge(
+    base: Mapping[str, Any], overrides: Mapping[str, Any], prefix: str = ""
+) -> dict[str, Any]:
+    """``base`` with ``overrides``: tables merge key by key, other values replace.
+
+    A value never replaces a table (or a table a value), except a component
+    given by name or table: that mistake would silently drop a whole table.
+    """
     out = copy.deepcopy(dict(base))
     for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
+        old = out.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            out[key] = merge(old, value, f"{prefix}{key}.")
+            continue
+        require(
+            old is None
+            or isinstance(value, Mapping) == isinstance(old, Mapping)
+            or key in NAME_OR_TABLE,
+            f"{prefix}{key}",
+            value,
+            "must be a table (it would replace the table of that name)"
+            if isinstance(old, Mapping)
+            else f"is not a table here (the base has {old!r})",
+        )
+        out[key] = copy.deepcopy(value)
     return out
 
 
@@ -242,14 +268,14 @@ def _scenario(
     label: str,
     seed: int,
 ) -> Scenario:
-    raw = merge(base, spec.overrides)
-    if s_entry.strategy is not None:
-        raw["strategy"] = copy.deepcopy(s_entry.strategy)
-    raw = merge(raw, s_entry.overrides)
-    raw = merge(raw, {"defences": list(d_entry.chain), **d_entry.overrides})
-    raw = merge(raw, {"federation": {"seed": seed}, "audit": {"seed": seed}})
-    raw["name"] = f"{spec.name}-{slug(label)}-seed-{seed}"
     try:
+        raw = merge(base, spec.overrides)
+        if s_entry.strategy is not None:
+            raw["strategy"] = copy.deepcopy(s_entry.strategy)
+        raw = merge(raw, s_entry.overrides)
+        raw = merge(raw, {"defences": list(d_entry.chain), **d_entry.overrides})
+        raw = merge(raw, {"federation": {"seed": seed}, "audit": {"seed": seed}})
+        raw["name"] = f"{spec.name}-{slug(label)}-seed-{seed}"
         scenario = scenario_from_dict(raw)
         check_components(scenario)
         return scenario
@@ -265,9 +291,13 @@ def scenario_hash(scenario: Scenario) -> str:
 def is_finished(config: Configuration, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a completed run of exactly ``config``'s scenario."""
     marker = run_dir / MARKER
-    if not marker.is_file():
+    if run_dir.is_symlink() or marker.is_symlink() or not marker.is_file():
         return False
-    return bool(json.loads(marker.read_text()).get("scenario") == scenario_hash(config.scenario))
+    try:
+        record = json.loads(marker.read_text())
+    except (ValueError, UnicodeDecodeError):  # damaged: the run is done again
+        return False
+    return isinstance(record, dict) and record.get("scenario") == scenario_hash(config.scenario)
 
 
 def mark_finished(config: Configuration, run_dir: Path) -> None:
@@ -276,7 +306,9 @@ def mark_finished(config: Configuration, run_dir: Path) -> None:
         "seed": config.seed,
         "scenario": scenario_hash(config.scenario),
     }
-    (run_dir / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    tmp = run_dir / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, run_dir / MARKER)  # a kill mid-write leaves no half marker
 
 
 RunFn = Callable[[Scenario, Path, Console], None]
@@ -337,7 +369,9 @@ def run_sweep(
         if is_finished(config, run_dir):
             skipped.append(config)
             continue
-        if run_dir.exists():  # interrupted, or run with another configuration
+        if run_dir.is_symlink():  # a sweep folder is data: the link goes, not its target
+            run_dir.unlink()
+        elif run_dir.exists():  # interrupted, or run with another configuration
             console.print(f"[yellow]starting {config.path} over[/yellow]")
             shutil.rmtree(run_dir)
         todo.append(config)

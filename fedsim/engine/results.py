@@ -7,13 +7,14 @@ resumed run needs (:mod:`fedsim.engine.checkpoint`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,7 +25,7 @@ from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, ScenarioError, scenario_to_dict
+from fedsim.core.config import Scenario, ScenarioError, require, scenario_to_dict
 from fedsim.core.protocol import AuditRecord
 from fedsim.engine.loop import RoundRecord
 
@@ -61,6 +62,9 @@ RUN_OUTPUTS = (
 # An attack "succeeds" when its reconstruction reaches this PSNR (dB, peak 1): at
 # 20 dB (RMSE 0.1 on [0, 1] pixels) digits and faces are plainly recognisable.
 DEFAULT_SUCCESS_PSNR = 20.0
+LOCK_FILE = ".lock"  # held (flock) by the one process running in the folder
+
+_held_locks: dict[Path, int] = {}  # run folder -> descriptor holding its lock, per process
 
 
 def write_csv_atomic(rows: list[dict[str, Any]], path: Path) -> None:
@@ -70,8 +74,79 @@ def write_csv_atomic(rows: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _refuse(run_dir: Path, what: str) -> ScenarioError:
+    return ScenarioError("run folder", str(run_dir), what)
+
+
+def check_no_links(run_dir: Path) -> None:
+    """A run folder is plain files: fedsim never reads or writes through a symbolic link in it."""
+    for folder, dirs, files in os.walk(run_dir):  # does not descend into linked folders
+        for name in (*dirs, *files):
+            path = Path(folder) / name
+            if path.is_symlink():
+                raise _refuse(
+                    run_dir,
+                    f"holds a symbolic link ({path.relative_to(run_dir)}); "
+                    "a run folder may hold only plain files and folders",
+                )
+
+
+def inside(root: Path, rel: str) -> Path:
+    """``root / rel`` for a name read from a run folder's own files, kept inside ``root``.
+
+    ``rel`` must be relative, without ``..``, and no part of the path below
+    ``root`` may be a symbolic link.
+    """
+    pure = PurePosixPath(rel)
+    plain = (
+        bool(rel)
+        and not pure.is_absolute()
+        and all(part not in ("", ".", "..") for part in pure.parts)
+        and "\\" not in rel
+        and "\0" not in rel
+    )
+    require(plain, "run folder", str(root), f"names a path outside itself: {rel!r}")
+    path = root.joinpath(*pure.parts)
+    below = path
+    while below != root:
+        if below.is_symlink():
+            raise _refuse(root, f"reaches outside itself through a link ({rel!r})")
+        below = below.parent
+    return path
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Refuse a second process running in ``run_dir``; this process keeps the lock until it exits.
+
+    ``flock`` locks die with their process, so a killed run leaves no stale lock.
+    """
+    key = run_dir.resolve()
+    if key in _held_locks:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(run_dir / LOCK_FILE, flags, 0o644)
+    except OSError as err:
+        raise _refuse(run_dir, f"cannot hold its lock file {LOCK_FILE} ({err.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _refuse(
+            run_dir, "is in use by another fedsim process; wait for it or choose another folder"
+        ) from None
+    _held_locks[key] = fd
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """Let another process run in ``run_dir`` (this one's run there is over)."""
+    fd = _held_locks.pop(run_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
 def new_run_dir(scenario: Scenario, out: str | Path | None, force: bool = False) -> Path:
-    """``out`` if given, else ``<output.dir>/<name>-<timestamp>``; created empty.
+    """``out`` if given, else ``<output.dir>/<name>-<timestamp>``; created empty and locked.
 
     A given ``out`` that already holds files is refused (a
     :class:`ScenarioError`) unless ``force``, which removes every file a run
@@ -88,16 +163,23 @@ def new_run_dir(scenario: Scenario, out: str | Path | None, force: bool = False)
         path = Path(out)
         if path.exists() and not path.is_dir():
             raise ScenarioError("--out", str(path), "a folder; this is a file")
-        if path.is_dir() and any(path.iterdir()):
-            if not force:
-                raise ScenarioError(
-                    "--out",
-                    str(path),
-                    "a new or empty folder; this one holds files (continue a stopped run "
-                    "with --resume, or pass --force to replace the run files in it)",
-                )
-            clear_run_outputs(path)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ScenarioError(
+            "output.dir", str(path), f"cannot be created ({err.strerror})"
+        ) from None
+    lock_run_dir(path)  # before looking inside: another run may be writing there
+    if any(entry.name != LOCK_FILE for entry in path.iterdir()):
+        if not force:
+            unlock_run_dir(path)
+            raise ScenarioError(
+                "--out",
+                str(path),
+                "a new or empty folder; this one holds files (continue a stopped run "
+                "with --resume, or pass --force to replace the run files in it)",
+            )
+        clear_run_outputs(path)
     return path
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from fedsim.engine.results import (
     write_summary,
 )
 from fedsim.engine.tensorboard import TensorBoardLog
-from fedsim.engine.validate import validate
+from fedsim.engine.validate import actor_count, ray_cpus, validate
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -58,15 +57,6 @@ class RunResult:
     final_arrays: ArrayRecord
 
 
-def _ray_cpus(scenario: Scenario) -> int:
-    return scenario.backend.ray_cpus or os.cpu_count() or 1
-
-
-def actor_count(scenario: Scenario) -> int:
-    """Client actors Flower starts on this machine: one per ``num-cpus`` CPUs."""
-    return max(1, int(_ray_cpus(scenario) / scenario.backend.num_cpus))
-
-
 def backend_config(scenario: Scenario) -> dict[str, Any]:
     """Flower's backend config: the client actors' resources.
 
@@ -80,7 +70,7 @@ def backend_config(scenario: Scenario) -> dict[str, Any]:
         "init_args": {
             "logging_level": logging.ERROR,
             "log_to_driver": False,
-            "num_cpus": _ray_cpus(scenario),
+            "num_cpus": ray_cpus(scenario),
         },
     }
 

@@ -1,39 +1,103 @@
 """Is a well-formed scenario runnable? Checked before Ray starts, so bad input costs nothing.
 
 :func:`fedsim.core.config.load_scenario` checks a scenario's form (keys, types,
-ranges). Here, in two steps:
+ranges, finite numbers, seeds). Here, what it means, in two steps:
 
 - :func:`check_components`: every name a scenario gives is registered, every
-  component's parameters are valid, and the components fit together
-  (strategy, defences, attacks). Needs no data and no hardware.
-- :func:`check_machine`: this machine can run it (dataset files present,
-  GPUs where GPUs are asked for).
+  component's parameters are valid, the components fit together (strategy,
+  defences, attacks, audit victims and rounds) and the model's shapes work at
+  the image size (a dry forward pass on PyTorch's ``meta`` device: shapes
+  only, no memory). Needs no data and no hardware.
+- :func:`check_machine`: this machine can run it: its GPUs exist, its Ray
+  actors fit the cores, its dataset files are present and well-formed, the
+  dataset fits in memory at the image size in every process that loads it,
+  and the partition gives every client training (and test) examples.
+
+Every failure is a :class:`~fedsim.core.config.ScenarioError`: one line with
+the key, the value and what is allowed.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from fedsim.attacks import ATTACKS
 from fedsim.clients.defences import check_defences
-from fedsim.core.config import ComponentConfig, Scenario, ScenarioError, component_params, lookup
-from fedsim.core.data import DATASETS, check_dataset_available
-from fedsim.core.models import INITS, MODELS
-from fedsim.core.partition import PARTITIONERS
+from fedsim.core.config import (
+    ComponentConfig,
+    Scenario,
+    ScenarioError,
+    component_params,
+    lookup,
+    require,
+)
+from fedsim.core.data import DATASETS, check_dataset_available, load_raw, shaped_channels
+from fedsim.core.models import INITS, MODELS, InputSpec
+from fedsim.core.partition import PARTITIONERS, partition_dataset
 from fedsim.engine.resources import test_logical_gpus
 from fedsim.strategies import STRATEGIES
 
+MAX_ACTORS_PER_CORE = 4
+"""Flower starts ``ray-cpus / num-cpus`` client actors; more per core flood the machine."""
 
-def check_attack(attack: ComponentConfig, key: str) -> None:
-    """The attack is registered and its parameters are valid."""
-    component_params(lookup(ATTACKS, attack.name, key), attack, key)
+BYTES_PER_VALUE = 4  # float32 images
+
+
+def check_attack(
+    attack: ComponentConfig, key: str, scenario: Scenario, uploads: tuple[str, ...] | None
+) -> None:
+    """The attack is registered, its parameters are valid, and the server sees what it needs."""
+    attack_cls = lookup(ATTACKS, attack.name, key)
+    component_params(attack_cls, attack, key)
+    attack_cls.check_scenario(scenario, uploads, key)
+
+
+def check_model_shapes(scenario: Scenario) -> None:
+    """One example passes through the model at ``data.image-size`` (shapes only)."""
+    builder = lookup(MODELS, scenario.model.name, "model.name")
+    size = scenario.data.image_size
+    # The side length decides the shapes; channels and classes do not break any zoo model.
+    spec = InputSpec(3 if scenario.data.channels == "rgb" else 1, size, 10)
+    try:
+        with torch.device("meta"):
+            builder(spec)(torch.zeros(1, spec.channels, size, size))
+    except (RuntimeError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ScenarioError(
+            "data.image-size",
+            size,
+            f"does not fit model {scenario.model.name!r} ({reason}); try 32",
+        ) from None
+
+
+def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> None:
+    """Audit victims and rounds lie inside the federation; every attack can see its target."""
+    audit, fed = scenario.audit, scenario.federation
+    for victim in audit.victim_ids:
+        require(
+            0 <= victim < fed.num_clients,
+            "audit.victim-ids",
+            list(audit.victim_ids),
+            f"partition ids are 0 to {fed.num_clients - 1} (federation.num-clients)",
+        )
+    late = [r for r in audit.rounds if r > fed.rounds]
+    require(
+        not late,
+        "audit.rounds",
+        list(audit.rounds),
+        f"rounds are 1 to {fed.rounds} (federation.rounds); {late} would audit nothing",
+    )
+    for i, attack in enumerate(audit.attacks):
+        check_attack(attack, f"audit.attacks[{i}]", scenario, uploads)
 
 
 def check_components(scenario: Scenario) -> None:
-    """Every name and parameter the scenario gives; raise :class:`ScenarioError`."""
+    """Every name and parameter the scenario gives and how they fit; raise ScenarioError."""
     lookup(DATASETS, scenario.data.dataset, "data.dataset")
-    lookup(MODELS, scenario.model.name, "model.name")
     lookup(INITS, scenario.model.init, "model.init")
+    check_model_shapes(scenario)
     partitioner = lookup(PARTITIONERS, scenario.data.partitioner.name, "data.partitioner")
     component_params(partitioner, scenario.data.partitioner, "data.partitioner")
     strategy = lookup(STRATEGIES, scenario.strategy.name, "strategy")
@@ -41,8 +105,7 @@ def check_components(scenario: Scenario) -> None:
     strategy.check_scenario(scenario)
     check_defences(scenario)
     if scenario.audit.enabled:
-        for i, attack in enumerate(scenario.audit.attacks):
-            check_attack(attack, f"audit.attacks[{i}]")
+        check_audit(scenario, strategy.shared_prefixes)
 
 
 def check_gpu_request(num_gpus: float, key: str) -> None:
@@ -55,12 +118,110 @@ def check_gpu_request(num_gpus: float, key: str) -> None:
         raise ScenarioError(key, num_gpus, "must be 0 on a machine without a CUDA GPU")
 
 
+def ray_cpus(scenario: Scenario) -> int:
+    """Logical CPUs of a local Ray head (``backend.ray-cpus``; 0 = this machine's cores)."""
+    return scenario.backend.ray_cpus or os.cpu_count() or 1
+
+
+def actor_count(scenario: Scenario) -> int:
+    """Client actors Flower starts on this machine: one per ``num-cpus`` CPUs."""
+    return max(1, int(ray_cpus(scenario) / scenario.backend.num_cpus))
+
+
+def check_resources(scenario: Scenario) -> None:
+    """A local Ray head gets no more logical CPUs and actors than this machine can serve."""
+    backend = scenario.backend
+    if backend.address:  # a cluster's size is the cluster's business
+        return
+    cores = os.cpu_count() or 1
+    limit = MAX_ACTORS_PER_CORE * cores
+    require(
+        backend.ray_cpus <= limit,
+        "backend.ray-cpus",
+        backend.ray_cpus,
+        f"must be at most {limit} ({MAX_ACTORS_PER_CORE} per core of this machine's {cores})",
+    )
+    require(
+        actor_count(scenario) <= limit,
+        "backend.num-cpus",
+        backend.num_cpus,
+        f"starts {actor_count(scenario)} client actors (ray-cpus / num-cpus); "
+        f"at most {limit} fit this machine's {cores} cores",
+    )
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_data_fits(scenario: Scenario) -> None:
+    """Clients have examples to hold, and the resized dataset fits in memory.
+
+    The driver and every client actor each hold the whole dataset at the image size.
+    """
+    data, fed = scenario.data, scenario.federation
+    raw = load_raw(data)
+    num_train = len(raw.train_labels)
+    require(
+        fed.num_clients <= num_train,
+        "federation.num-clients",
+        fed.num_clients,
+        f"must be at most {num_train}, the training examples of {data.dataset}",
+    )
+    images = num_train + len(raw.test_labels)
+    per_process = images * shaped_channels(raw, data) * data.image_size**2 * BYTES_PER_VALUE
+    processes = 1 + (1 if scenario.backend.address else actor_count(scenario))
+    needed, have = per_process * processes, physical_memory()
+    require(
+        needed <= have,
+        "data.image-size",
+        data.image_size,
+        f"{images} images at this size need {per_process / 2**30:.1f} GiB in each of "
+        f"{processes} processes, more than this machine's {have / 2**30:.1f} GiB",
+    )
+
+
+def check_partition(scenario: Scenario) -> None:
+    """The partitioner can split the data, leaving every client training and test examples."""
+    data, fed = scenario.data, scenario.federation
+    try:
+        splits = partition_dataset(data, fed.num_clients, fed.seed)
+    except ValueError as err:  # a partitioner's own limit (dirichlet's min-size)
+        raise ScenarioError("data.partitioner", data.partitioner.name, str(err)) from None
+    for client, split in enumerate(splits):
+        held = len(split.train) + len(split.test)
+        require(
+            held > 0,
+            "federation.num-clients",
+            fed.num_clients,
+            f"partitioner {data.partitioner.name!r} gives client {client} no examples; "
+            "use fewer clients or another partitioner",
+        )
+        require(
+            len(split.train) > 0,
+            "data.test-fraction",
+            data.test_fraction,
+            f"leaves client {client} no training examples (it holds {held}); lower it",
+        )
+        require(
+            len(split.test) > 0 or data.test_fraction == 0,
+            "data.test-fraction",
+            data.test_fraction,
+            f"leaves client {client} no test examples (it holds {held}); raise it, "
+            "raise data.samples-per-client, or use fewer clients",
+        )
+
+
 def check_machine(scenario: Scenario) -> None:
-    """This machine can run ``scenario``: its data is here, its GPUs exist."""
+    """This machine can run ``scenario``: GPUs, cores, data files, memory, partition."""
     check_gpu_request(scenario.backend.num_gpus, "backend.num-gpus")
     if scenario.audit.enabled:
         check_gpu_request(scenario.audit.num_gpus, "audit.num-gpus")
+    check_resources(scenario)
     check_dataset_available(scenario.data)
+    check_data_fits(scenario)
+    check_partition(scenario)
 
 
 def validate(scenario: Scenario) -> Scenario:

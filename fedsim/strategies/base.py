@@ -65,6 +65,8 @@ class EngineHooks(ABC):
     """The client routine (``fedsim.clients`` registry name) that answers this strategy."""
     min_replies: ClassVar[float] = 0.5
     """A round aggregates when at least this fraction of the sampled clients replied."""
+    shared_prefixes: ClassVar[tuple[str, ...] | None] = None
+    """Parameter-name prefixes the clients upload; ``None``: the whole model."""
 
     @classmethod
     def check_scenario(cls, scenario: Scenario) -> None:
