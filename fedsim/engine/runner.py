@@ -37,7 +37,7 @@ from fedsim.engine.results import (
 )
 from fedsim.engine.validate import validate
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.base import ServerResources
+from fedsim.strategies.base import EngineServices, FedsimStrategy, ServerResources
 from fedsim.strategies.sampling import PartitionSampler
 
 
@@ -78,6 +78,17 @@ def backend_config(scenario: Scenario) -> dict[str, Any]:
     }
 
 
+def build_strategy(
+    scenario: Scenario, sampler: PartitionSampler, server: ServerResources
+) -> FedsimStrategy:
+    """The scenario's strategy, built from its parameters as a Flower user would, with the
+    engine's services (seeded sampling, held-out evaluation, failure threshold) attached."""
+    strategy_cls = STRATEGIES.get(scenario.strategy.name)
+    params = component_params(strategy_cls, scenario.strategy, "strategy")
+    engine = EngineServices(sampler, server, scenario.failures.min_replies)
+    return strategy_cls.from_params(params).attach_engine(engine)
+
+
 def serve(
     grid: Grid,
     scenario: Scenario,
@@ -97,9 +108,7 @@ def serve(
     )
     nodes = discover_partitions(grid, expected=fed.num_clients, probes=2 * actor_count(scenario))
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
-    strategy = strategy_cls(
-        component_params(strategy_cls, scenario.strategy, "strategy"), sampler, server
-    )
+    strategy = build_strategy(scenario, sampler, server)
     observers: tuple[Auditor, ...] = ()
     if scenario.audit.enabled:
         bundle = server.bundle
