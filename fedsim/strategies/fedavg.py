@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
@@ -22,7 +22,13 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from fedsim.core import protocol
 from fedsim.core.training import evaluate
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.base import FedsimStrategy, TooFewReplies, required_replies
+from fedsim.strategies.base import (
+    EngineServices,
+    FedsimStrategy,
+    TooFewReplies,
+    required_replies,
+)
+from fedsim.strategies.sampling import PreselectedGrid
 
 NUM_EXAMPLES = protocol.NUM_EXAMPLES
 
@@ -86,11 +92,17 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
         """The round-0 global model: the zoo model, seeded."""
         return ArrayRecord(self.require_engine("initial_arrays").server.model().state_dict())
 
-    def _messages(
-        self, nodes: list[int], arrays: ArrayRecord, config: ConfigRecord, kind: str
-    ) -> Iterable[Message]:
-        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return self._construct_messages(record, nodes, kind)
+    def attach_engine(self, engine: EngineServices) -> Self:
+        """As :meth:`FedsimStrategy.attach_engine`; the engine's sampler decides who is asked."""
+        # Flower's sampling then takes every node the engine's preselected grid offers.
+        self.fraction_train = self.fraction_evaluate = 1.0
+        self.min_train_nodes = self.min_evaluate_nodes = self.min_available_nodes = 0
+        return super().attach_engine(engine)
+
+    def _ask(self, nodes: list[int], messages: Iterable[Message]) -> list[Message]:
+        # Flower shuffles the nodes it samples; send in the sampler's order.
+        order = {node: i for i, node in enumerate(nodes)}
+        return sorted(messages, key=lambda m: order[m.metadata.dst_node_id])
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -102,7 +114,8 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
             return messages
         self.sampled = self.engine.sampler.train_partitions(server_round)
         nodes = self.engine.sampler.nodes(self.sampled)
-        return self._messages(nodes, arrays, config, MessageType.TRAIN)
+        chosen = PreselectedGrid(grid, nodes)
+        return self._ask(nodes, super().configure_train(server_round, arrays, config, chosen))  # type: ignore[arg-type]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -127,7 +140,8 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
             return super().configure_evaluate(server_round, arrays, config, grid)
         sampler = self.engine.sampler
         nodes = sampler.nodes(sampler.evaluate_partitions(server_round))
-        return self._messages(nodes, arrays, config, MessageType.EVALUATE)
+        chosen = PreselectedGrid(grid, nodes)
+        return self._ask(nodes, super().configure_evaluate(server_round, arrays, config, chosen))  # type: ignore[arg-type]
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
         """Loss and accuracy of the global model on the held-out test set (engine only)."""
@@ -157,6 +171,7 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
             round(sampler.evaluate_fraction * sampler.num_clients),
             sampler.num_clients,
         )
+        log(INFO, "\t├──> Hyper-parameters: %s", self.params)
         log(INFO, "\t└──> Keys in records:")
         log(INFO, "\t\t├── Weighted by: '%s'", self.weighted_by_key)
         log(INFO, "\t\t├── ArrayRecord key: '%s'", self.arrayrecord_key)

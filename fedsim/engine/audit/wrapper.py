@@ -76,11 +76,12 @@ class AuditedStrategy(FedsimStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        result = self.inner.aggregate_train(server_round, replies)
+        # Observe first: some aggregators take the arrays out of the replies
+        # (Flower's FedMedian pops them); the observer only reads.
         if self._sent is not None:
             ok = [r for r in replies if not r.has_error()]
             self.observer.observe_round(server_round, *self._sent, ok)
-        return result
+        return self.inner.aggregate_train(server_round, replies)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
