@@ -38,7 +38,7 @@ from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, require
 from fedsim.engine.audit.auditor import AUDIT_RESOURCE
-from fedsim.engine.flower import quiet_flower
+from fedsim.engine.flower import quiet_flower, simulated
 from fedsim.engine.results import (
     CLIENT_STATE_DIR,
     RunRecorder,
@@ -78,15 +78,17 @@ def run_dir_of(scenario: Scenario, run_config: Mapping[str, object], run_id: int
     return Path(out) if out else Path(scenario.output.dir) / f"{scenario.name}-run{run_id}"
 
 
-def _start_audit_ray(scenario: Scenario) -> None:
+def _start_audit_ray(scenario: Scenario, grid: Grid) -> None:
     """On the Deployment Engine the ServerApp has no Ray: start one for the audit's tasks.
 
-    In a ``flwr run`` simulation Flower's backend already started Ray in this
-    process (without fedsim's ``audit`` resource: attacks then ask for CPUs).
+    In a ``flwr run`` simulation, Flower's backend starts Ray in this very
+    process (a second ``ray.init`` racing it makes both time out) and without
+    fedsim's ``audit`` resource: the attacks then ask for CPUs (README, "As a
+    Flower app").
     """
     import ray
 
-    if scenario.audit.enabled and not ray.is_initialized():
+    if scenario.audit.enabled and not simulated(grid) and not ray.is_initialized():
         ray.init(
             num_cpus=os.cpu_count() or 1,
             num_gpus=None if scenario.audit.num_gpus > 0 else 0,
@@ -112,7 +114,7 @@ def main(grid: Grid, context: Context) -> None:
         f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name}, {fed.num_clients} "
         f"clients ({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
     )
-    _start_audit_ray(scenario)
+    _start_audit_ray(scenario, grid)
     recorder = RunRecorder(run_dir, fed.rounds, console)
     arrays = serve(grid, scenario, recorder, console)
     save_model(arrays, run_dir)

@@ -8,6 +8,7 @@ that fedsim falls back to Flower's public behaviour and still runs.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from fedsim.engine import flower as boundary
 from fedsim.engine.flower import (
     registered_partitions,
     replaced_function_unchanged,
+    simulated,
     waiting_nodes_polling,
 )
 
@@ -114,3 +116,16 @@ def test_a_run_on_a_changed_flower_falls_back_and_gives_the_same_metrics(
     compared = ["train-loss", "test-acc", "test-loss", "clients-trained"]
     first, second = (pd.read_csv(d / "metrics.csv")[compared] for d in (patched, fallback))
     pd.testing.assert_frame_equal(first, second)
+
+
+def test_simulated_grid_is_recognised_and_falls_back_to_its_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flwr.superlink.grid import InMemoryGrid
+
+    assert simulated(object.__new__(InMemoryGrid))
+    assert not simulated(SimpleNamespace())  # type: ignore[arg-type]
+    # A Flower without that class: a grid holding an in-memory link state is one.
+    monkeypatch.setitem(sys.modules, "flwr.superlink.grid", None)
+    assert simulated(SimpleNamespace(state=object()))  # type: ignore[arg-type]
+    assert not simulated(SimpleNamespace())  # type: ignore[arg-type]
