@@ -92,6 +92,26 @@ def test_builtin_aggregates_exactly_as_flowers_own(
     assert run.records[0].server["test-acc"] >= 0  # the engine's held-out evaluation ran
 
 
+@pytest.mark.parametrize("name", ["fedadam", "fedavgm"])
+def test_server_optimiser_state_survives_a_checkpoint(
+    name: str, message_identity: None, tmp_path: Path
+) -> None:
+    run = run_inprocess(scenario_from_dict(_tiny({"name": name, **BUILTINS[name][1]})))
+    state = run.strategy.state_for_checkpoint()
+    torch.save(state, tmp_path / "state.pt")
+
+    fresh = STRATEGIES.get(name)()
+    fresh.restore_checkpoint_state(torch.load(tmp_path / "state.pt", weights_only=True))
+
+    assert state  # the first round created moments / momentum
+    for attribute in state:
+        before, after = getattr(run.strategy, attribute), getattr(fresh, attribute)
+        if isinstance(before, dict):
+            before, after = list(before.values()), list(after.values())
+        for x, y in zip(before, after, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
 def test_builtin_parameters_are_checked_like_every_component() -> None:
     def check(strategy: dict[str, Any]) -> None:
         check_components(scenario_from_dict(_tiny(strategy)))

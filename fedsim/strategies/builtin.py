@@ -8,8 +8,9 @@ like every other component's (kebab-case keys, types, and the Flower
 constructor's own checks, before Ray starts), and registers a class that is
 the Flower strategy with fedsim's FedAvg services on top: seeded sampling by
 partition id, evaluation on the held-out set, the failure threshold, the
-audit. Each one keeps Flower's aggregation exactly (FedOpt's server
-optimiser, Krum's selection, the coordinate-wise median or trimmed mean).
+audit, and checkpoints of the server optimiser's state. Each one keeps
+Flower's aggregation exactly (FedOpt's server optimiser, Krum's selection,
+the coordinate-wise median or trimmed mean).
 
 Message contract: FedAvg's (:class:`fedsim.strategies.fedavg.FedAvg`), answered
 by the ``fedavg`` client routine.
@@ -22,6 +23,8 @@ import inspect
 import typing
 from typing import Any
 
+import numpy as np
+import torch
 from flwr.serverapp import strategy as flower
 
 from fedsim.core.config import ScenarioError
@@ -45,6 +48,32 @@ ENGINE_DECIDES = frozenset(
 """Flower constructor arguments a scenario does not set: sampling, record keys, metric hooks."""
 
 SIMPLE = (bool, int, float, str)
+
+SERVER_STATE = ("m_t", "v_t", "momentum_vector")
+"""Flower's server-optimiser state (FedOpt's moments, FedAvgM's momentum), checkpointed."""
+
+
+def _tensors(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: torch.from_numpy(np.array(v)) for k, v in value.items()}
+    return [torch.from_numpy(np.array(v)) for v in value]
+
+
+def _arrays(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: v.numpy() for k, v in value.items()}
+    return [v.numpy() for v in value]
+
+
+def state_for_checkpoint(self: FedAvg) -> dict[str, Any]:
+    """The server optimiser's state, so a resumed run continues it."""
+    present = {name: getattr(self, name, None) for name in SERVER_STATE}
+    return {name: _tensors(value) for name, value in present.items() if value is not None}
+
+
+def restore_checkpoint_state(self: FedAvg, state: dict[str, Any]) -> None:
+    for name, value in state.items():
+        setattr(self, name, _arrays(value))
 
 
 def _hyper_parameters(flower_cls: type[Any]) -> list[tuple[str, type, Any]]:
@@ -93,6 +122,8 @@ def flower_strategy(name: str, flower_cls: type) -> type[FedAvg]:
         (FedAvg, flower_cls),
         {
             "__init__": __init__,
+            "state_for_checkpoint": state_for_checkpoint,
+            "restore_checkpoint_state": restore_checkpoint_state,
             "__module__": __name__,
             "__doc__": f"Flower's ``{flower_cls.__name__}`` with fedsim's engine services.",
             "Params": params,
