@@ -21,11 +21,14 @@ from flwr.serverapp import strategy as flower
 from inprocess import InProcessGrid, run_inprocess, tiny_table
 
 from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.data import load_dataset
 from fedsim.engine.validate import check_components
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.base import EngineServices, ServerResources
 from fedsim.strategies.fedavg import FedAvg
 from fedsim.strategies.fedcg import FedCG
 from fedsim.strategies.fedprox import FedProx
+from fedsim.strategies.sampling import PartitionSampler
 
 BUILTINS = {
     "fedadam": (flower.FedAdam, {"eta": 0.05}),
@@ -172,3 +175,29 @@ def test_the_audit_attacks_replies_to_a_flower_builtin(tmp_path: Path) -> None:
     audit = pd.read_csv(run_dir / "audit.csv")
     assert list(audit["strategy"]) == ["fedmedian"]
     assert np.isfinite(audit["psnr"]).all() and (audit["batch-size"] == 1).all()
+
+
+def test_the_start_up_banner_tells_the_engines_sampling() -> None:
+    import logging
+
+    scenario = scenario_from_dict(_tiny({"name": "fedprox", "proximal-mu": 0.1}))
+    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    sampler = PartitionSampler({p: 10 + p for p in range(5)}, seed=7, per_round=2)
+    strategy = FedProx(proximal_mu=0.1).attach_engine(EngineServices(sampler, server))
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(handler)
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.INFO)
+    try:
+        strategy.summary()
+    finally:
+        flwr_logger.removeHandler(handler)
+        flwr_logger.setLevel(level)
+
+    banner = "\n".join(records)
+    assert "seed 7" in banner and "train: 2 of 5 clients per round" in banner
+    assert "evaluate: 5 of 5" in banner and "proximal_mu=0.1" in banner
+    assert "Fraction" not in banner  # Flower's own fractions are not what happens
