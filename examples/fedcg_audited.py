@@ -9,7 +9,7 @@ routine on one partition of the embedded MNIST digits. The audit has no truth
 source here (the server cannot know the clients' data), so ``audit.csv``
 records each reconstruction and its final gradient distance unscored.
 
-Run it (about a minute on two cores)::
+Run it (two rounds; 400 s under the test on two heavily shared cores)::
 
     python examples/fedcg_audited.py runs/example-fedcg
 """
