@@ -23,12 +23,13 @@ from fedsim.clients.app import build_client_app
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.private_state import STATE_KEY
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, component_params
+from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
 from fedsim.core.training import client_config_record
 from fedsim.engine.discovery import discover_partitions
 from fedsim.engine.flower import message_context
 from fedsim.engine.loop import RoundRecord, run_rounds
+from fedsim.engine.runner import build_strategy
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -136,7 +137,8 @@ class InProcessRun:
     ) -> ClientEnv:
         """Partition ``partition``'s client world, with its node state unless ``state``."""
         node_state = self.grid.state(partition) if state is None else state
-        return ClientEnv.create(self.strategy.server.scenario, partition, node_state, state_dir)
+        scenario = self.strategy.require_engine("env").server.scenario
+        return ClientEnv.create(scenario, partition, node_state, state_dir)
 
 
 def tiny_table(strategy: dict[str, Any], **tables: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +164,6 @@ def run_inprocess(scenario: Scenario, state_dir: Path | None = None) -> InProces
 
 def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
-    params = component_params(strategy_cls, scenario.strategy, "strategy")
     fed = scenario.federation
     grid = InProcessGrid(
         build_client_app(scenario, strategy_cls.client_routine, state_dir), fed.num_clients
@@ -170,7 +171,7 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     nodes = discover_partitions(grid)  # type: ignore[arg-type]
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
     server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
-    strategy = strategy_cls(params, sampler, server)
+    strategy = build_strategy(scenario, sampler, server)
     run = InProcessRun(strategy, grid, strategy.initial_arrays())
     run.final_arrays = run_rounds(
         strategy,

@@ -30,8 +30,8 @@ from fedsim.engine.failures import FailurePlan, mark
 from fedsim.engine.loop import Exchange
 from fedsim.engine.results import CLIENTS_FILE, METRICS_FILE
 from fedsim.engine.runner import run_scenario
-from fedsim.strategies.base import ServerResources, TooFewReplies
-from fedsim.strategies.fedavg import FedAvg, FedAvgParams
+from fedsim.strategies.base import EngineServices, ServerResources, TooFewReplies
+from fedsim.strategies.fedavg import FedAvg
 from fedsim.strategies.sampling import PartitionSampler
 
 NODE = 100  # node id of partition p is NODE + p
@@ -107,7 +107,7 @@ def test_fedavg_aggregates_with_enough_replies_and_stops_below() -> None:
     scenario = scenario_from_dict(TINY)
     server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
     sampler = PartitionSampler({p: NODE + p for p in range(4)}, seed=3, per_round=3)
-    strategy = FedAvg(FedAvgParams(), sampler, server)
+    strategy = FedAvg().attach_engine(EngineServices(sampler, server))
     strategy.sampled = [0, 1, 2]
     arrays = strategy.initial_arrays()
     ok = [_reply(_request(p), arrays) for p in (0, 1)]

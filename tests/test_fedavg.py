@@ -9,8 +9,8 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
-from fedsim.strategies.base import ServerResources
-from fedsim.strategies.fedavg import FedAvg, FedAvgParams
+from fedsim.strategies.base import EngineServices, ServerResources
+from fedsim.strategies.fedavg import FedAvg
 from fedsim.strategies.sampling import PartitionSampler
 
 
@@ -43,11 +43,8 @@ def _replies(seed: int) -> tuple[list[Message], list[dict[str, np.ndarray]], lis
 def _fedsim_fedavg() -> FedAvg:
     scenario = Scenario()
     sampler = PartitionSampler({0: 0, 1: 1, 2: 2}, seed=0, per_round=3)
-    return FedAvg(
-        FedAvgParams(),
-        sampler,
-        ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu")),
-    )
+    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    return FedAvg().attach_engine(EngineServices(sampler, server))
 
 
 def test_aggregate_is_example_weighted_mean_and_matches_flower(message_identity: None) -> None:

@@ -21,7 +21,7 @@ def _scenario(strategy: dict[str, Any]) -> Scenario:
 
 def test_mu_zero_gives_fedavg_exactly() -> None:
     fedavg = run_inprocess(_scenario({"name": "fedavg"}))
-    fedprox = run_inprocess(_scenario({"name": "fedprox", "mu": 0.0}))
+    fedprox = run_inprocess(_scenario({"name": "fedprox", "proximal-mu": 0.0}))
 
     assert list(fedavg.final_arrays.keys()) == list(fedprox.final_arrays.keys())
     for key in fedavg.final_arrays:

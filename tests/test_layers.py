@@ -23,7 +23,7 @@ LAYER = {
     "fedsim.face": 3,
     "fedsim.scenarios": 0,
 }
-FACE = ("fedsim.cli", "fedsim.commands")  # the command line: one area
+FACE = ("fedsim.cli", "fedsim.commands", "fedsim.app")  # the command line and the Flower app
 
 
 def _area(module: str) -> str | None:

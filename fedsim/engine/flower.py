@@ -19,6 +19,8 @@ behaviour when the internal changed:
 - :func:`message_context`: lets tests and benches build server messages
   outside a running Flower app.
 - :func:`quiet_flower`: Flower's and Ray's log noise and environment pitfalls.
+- :func:`simulated`: whether a ServerApp's grid is Flower's simulation grid
+  (whose Ray backend runs in the ServerApp's own process).
 """
 
 from __future__ import annotations
@@ -175,6 +177,19 @@ def registered_partitions(grid: Grid, nodes: list[int]) -> dict[int, int] | None
     if not isinstance(registered, dict) or set(registered) != set(nodes):
         return None
     return {partition: int(node) for partition, node in enumerate(registered)}
+
+
+def simulated(grid: Grid) -> bool:
+    """Whether ``grid`` is Flower's in-memory simulation grid (flwr 1.42: ``InMemoryGrid``).
+
+    On other versions, a grid holding a link state in memory (``grid.state``)
+    counts as simulated, as :func:`registered_partitions` reads it.
+    """
+    try:
+        from flwr.superlink.grid import InMemoryGrid
+    except ImportError:
+        return hasattr(grid, "state")
+    return isinstance(grid, InMemoryGrid)
 
 
 @contextmanager

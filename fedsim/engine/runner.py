@@ -42,7 +42,7 @@ from fedsim.engine.results import (
 from fedsim.engine.tensorboard import TensorBoardLog
 from fedsim.engine.validate import actor_count, ray_cpus, validate
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.base import ServerResources
+from fedsim.strategies.base import EngineServices, FedsimStrategy, ServerResources
 from fedsim.strategies.sampling import PartitionSampler
 
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -90,6 +90,17 @@ def stop_ray(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         )
 
 
+def build_strategy(
+    scenario: Scenario, sampler: PartitionSampler, server: ServerResources
+) -> FedsimStrategy:
+    """The scenario's strategy, built from its parameters as a Flower user would, with the
+    engine's services (seeded sampling, held-out evaluation, failure threshold) attached."""
+    strategy_cls = STRATEGIES.get(scenario.strategy.name)
+    params = component_params(strategy_cls, scenario.strategy, "strategy")
+    engine = EngineServices(sampler, server, scenario.failures.min_replies)
+    return strategy_cls.from_params(params).attach_engine(engine)
+
+
 def serve(
     grid: Grid,
     scenario: Scenario,
@@ -117,9 +128,7 @@ def serve(
     if phases:
         phases(f"{len(nodes)} clients ready; training")
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
-    strategy = strategy_cls(
-        component_params(strategy_cls, scenario.strategy, "strategy"), sampler, server
-    )
+    strategy = build_strategy(scenario, sampler, server)
     observers: tuple[Auditor, ...] = ()
     if scenario.audit.enabled:
         bundle = server.bundle

@@ -6,14 +6,23 @@ implements :class:`EngineHooks`: the round-0 model, an optional global
 evaluation, checkpoint state, the name of its client routine and how many
 replies a round needs. The engine calls only these; wrappers
 (:class:`~fedsim.engine.audit.wrapper.AuditedStrategy`) forward them one by one.
+
+A strategy is built like Flower's own, from keyword hyper-parameters with the
+papers' defaults (``FedProx(proximal_mu=0.01)``), and then runs in any
+ServerApp under ``Strategy.start()``: it samples node ids from the grid and
+evaluates no global model, as Flower's strategies do. fedsim's engine attaches
+its services separately (:meth:`FedsimStrategy.attach_engine`): seeded
+sampling by partition id, the held-out test set and the round-0 model, and the
+scenario's failure threshold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
 from flwr.app import ArrayRecord
@@ -22,6 +31,7 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.core.data import DatasetBundle
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.strategies.sampling import PartitionSampler
 
 if TYPE_CHECKING:
     from fedsim.core.config import Scenario
@@ -56,6 +66,19 @@ class ServerResources:
         return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
 
+@dataclass(frozen=True)
+class EngineServices:
+    """What fedsim's engine lends a strategy: seeded sampling, the server's data, thresholds.
+
+    ``min_replies`` overrides the strategy's own fraction (scenario key
+    ``failures.min-replies``); ``None`` keeps the strategy's.
+    """
+
+    sampler: PartitionSampler
+    server: ServerResources
+    min_replies: float | None = None
+
+
 class EngineHooks(ABC):
     """The hooks fedsim's engine calls on a strategy, besides Flower's interface."""
 
@@ -67,6 +90,15 @@ class EngineHooks(ABC):
     """A round aggregates when at least this fraction of the sampled clients replied."""
     shared_prefixes: ClassVar[tuple[str, ...] | None] = None
     """Parameter-name prefixes the clients upload; ``None``: the whole model."""
+
+    @classmethod
+    def from_params(cls, params: Any) -> Self:
+        """The strategy built from its validated ``Params`` (a scenario's ``[strategy]``).
+
+        Every ``Params`` field is a keyword argument of the constructor, so the
+        scenario machinery builds strategies exactly as a Flower user does.
+        """
+        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(params)})
 
     @classmethod
     def check_scenario(cls, scenario: Scenario) -> None:
@@ -97,3 +129,19 @@ class EngineHooks(ABC):
 
 class FedsimStrategy(Strategy, EngineHooks):
     """A Flower ``Strategy`` with the engine's hooks: what the round loop drives."""
+
+    engine: EngineServices | None = None
+
+    def attach_engine(self, engine: EngineServices) -> Self:
+        """Use the engine's sampling, held-out evaluation and thresholds; returns ``self``."""
+        self.engine = engine
+        return self
+
+    def require_engine(self, what: str) -> EngineServices:
+        """The attached services, or a clear error naming what needed them."""
+        if self.engine is None:
+            raise RuntimeError(
+                f"{type(self).__name__}: {what} needs fedsim's engine (attach_engine); "
+                "under Flower's Strategy.start() pass initial_arrays yourself"
+            )
+        return self.engine

@@ -1,26 +1,34 @@
 """FedAvg (McMahan et al. 2017): the example-weighted mean of client models.
 
-Flower's ``FedAvg`` does the aggregation; this subclass adds what every fedsim
-strategy needs: seeded sampling by partition id, the global model kept from
-``configure_train`` (``aggregate_train`` is not given it), and evaluation of
-the global model on the held-out test set. Other strategies subclass it.
+Flower's ``FedAvg`` does the aggregation and, on its own, the sampling; this
+subclass adds what every fedsim strategy needs: the round number in every
+message, metrics averaged by example count, and with fedsim's engine attached
+seeded sampling by partition id, a failure threshold and evaluation of the
+global model on the held-out test set. Other strategies subclass it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from logging import INFO
+from typing import Any, ClassVar, Self
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from fedsim.core import protocol
 from fedsim.core.training import evaluate
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.base import FedsimStrategy, ServerResources, TooFewReplies, required_replies
-from fedsim.strategies.sampling import PartitionSampler
+from fedsim.strategies.base import (
+    EngineServices,
+    FedsimStrategy,
+    TooFewReplies,
+    required_replies,
+)
+from fedsim.strategies.sampling import PreselectedGrid
 
 NUM_EXAMPLES = protocol.NUM_EXAMPLES
 
@@ -47,55 +55,77 @@ class FedAvgParams:
 
 @STRATEGIES.register("fedavg")
 class FedAvg(FlowerFedAvg, FedsimStrategy):
-    """Flower's FedAvg with fedsim's sampling, bookkeeping and global evaluation.
+    """Flower's FedAvg with fedsim's metrics, and the engine's services when attached.
 
-    A round with fewer replies than ``min_replies`` of the sampled clients
-    stops the run (:class:`~fedsim.strategies.base.TooFewReplies`); scenario
-    key ``failures.min-replies`` overrides the fraction.
+    ``flower_options`` are Flower's ``FedAvg`` arguments (``fraction_train``,
+    ``min_available_nodes``, ...); they govern sampling under Flower's
+    ``Strategy.start()``. With the engine attached, the scenario's seeded
+    partition sampling replaces them, and a round with fewer replies than
+    ``min_replies`` of the sampled clients stops the run
+    (:class:`~fedsim.strategies.base.TooFewReplies`); scenario key
+    ``failures.min-replies`` overrides the fraction.
+
+    Message contract (keys in :mod:`fedsim.core.protocol`): train and evaluate
+    messages carry the global model (``arrays``) and ``config`` with the
+    public client settings and ``server-round``. A train reply carries the
+    client's model (``arrays``) and ``metrics`` with ``num-examples`` (the
+    aggregation weight) and ``partition-id``; an evaluate reply ``metrics``
+    with ``num-examples``, ``eval-loss``, ``eval-acc`` and ``partition-id``.
     """
 
     Params: ClassVar[type] = FedAvgParams
     client_routine: ClassVar[str] = "fedavg"
 
-    def __init__(self, params: Any, sampler: PartitionSampler, server: ServerResources) -> None:
+    def __init__(self, **flower_options: Any) -> None:
         super().__init__(
-            weighted_by_key=protocol.NUM_EXAMPLES,
-            train_metrics_aggr_fn=weighted_metrics,
-            evaluate_metrics_aggr_fn=weighted_metrics,
+            **{
+                "weighted_by_key": protocol.NUM_EXAMPLES,
+                "train_metrics_aggr_fn": weighted_metrics,
+                "evaluate_metrics_aggr_fn": weighted_metrics,
+                **flower_options,
+            }
         )
-        self.params = params
-        self.sampler = sampler
-        self.server = server
-        self.global_arrays: ArrayRecord | None = None
+        self.params: Any = FedAvgParams()
         self.sampled: list[int] = []
 
     def initial_arrays(self) -> ArrayRecord:
         """The round-0 global model: the zoo model, seeded."""
-        return ArrayRecord(self.server.model().state_dict())
+        return ArrayRecord(self.require_engine("initial_arrays").server.model().state_dict())
 
-    def _messages(
-        self, nodes: list[int], arrays: ArrayRecord, config: ConfigRecord, kind: str
-    ) -> Iterable[Message]:
-        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return [Message(content=record, dst_node_id=node, message_type=kind) for node in nodes]
+    def attach_engine(self, engine: EngineServices) -> Self:
+        """As :meth:`FedsimStrategy.attach_engine`; the engine's sampler decides who is asked."""
+        # Flower's sampling then takes every node the engine's preselected grid offers.
+        self.fraction_train = self.fraction_evaluate = 1.0
+        self.min_train_nodes = self.min_evaluate_nodes = self.min_available_nodes = 0
+        return super().attach_engine(engine)
+
+    def _ask(self, nodes: list[int], messages: Iterable[Message]) -> list[Message]:
+        # Flower shuffles the nodes it samples; send in the sampler's order.
+        order = {node: i for i, node in enumerate(nodes)}
+        return sorted(messages, key=lambda m: order[m.metadata.dst_node_id])
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self.global_arrays = arrays
-        self.sampled = self.sampler.train_partitions(server_round)
         config[protocol.SERVER_ROUND] = server_round
-        return self._messages(self.sampler.nodes(self.sampled), arrays, config, MessageType.TRAIN)
+        if self.engine is None:
+            messages = list(super().configure_train(server_round, arrays, config, grid))
+            self.sampled = [m.metadata.dst_node_id for m in messages]
+            return messages
+        self.sampled = self.engine.sampler.train_partitions(server_round)
+        nodes = self.engine.sampler.nodes(self.sampled)
+        chosen = PreselectedGrid(grid, nodes)
+        return self._ask(nodes, super().configure_train(server_round, arrays, config, chosen))  # type: ignore[arg-type]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Flower's FedAvg over the replies, once enough of the sampled clients replied."""
         replies = list(replies)
-        fraction = self.server.scenario.failures.min_replies or self.min_replies
+        fraction = (self.engine and self.engine.min_replies) or self.min_replies
         needed = required_replies(fraction, len(self.sampled))
         ok = sum(not reply.has_error() for reply in replies)
-        if ok < needed:
+        if self.engine is not None and ok < needed:
             raise TooFewReplies(
                 f"round {server_round}: {ok} of {len(self.sampled)} sampled clients replied; "
                 f"{type(self).__name__} needs {needed} (min-replies {fraction})"
@@ -105,13 +135,44 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        partitions = self.sampler.evaluate_partitions(server_round)
         config[protocol.SERVER_ROUND] = server_round
-        nodes = self.sampler.nodes(partitions)
-        return self._messages(nodes, arrays, config, MessageType.EVALUATE)
+        if self.engine is None:
+            return super().configure_evaluate(server_round, arrays, config, grid)
+        sampler = self.engine.sampler
+        nodes = sampler.nodes(sampler.evaluate_partitions(server_round))
+        chosen = PreselectedGrid(grid, nodes)
+        return self._ask(nodes, super().configure_evaluate(server_round, arrays, config, chosen))  # type: ignore[arg-type]
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
-        """Loss and accuracy of the global model on the held-out test set."""
-        model = self.server.model(arrays)
-        loss, acc = evaluate(model, self.server.bundle.test_images, self.server.bundle.test_labels)
+        """Loss and accuracy of the global model on the held-out test set (engine only)."""
+        if self.engine is None:
+            return None
+        server = self.engine.server
+        test_images, test_labels = server.bundle.test_images, server.bundle.test_labels
+        loss, acc = evaluate(server.model(arrays), test_images, test_labels)
         return {protocol.TEST_LOSS: loss, protocol.TEST_ACC: acc}
+
+    def summary(self) -> None:
+        """Flower's banner, telling the sampling that really happens."""
+        if self.engine is None:
+            super().summary()
+            return
+        sampler = self.engine.sampler
+        log(INFO, "\t├──> Sampling (fedsim, seeded by partition id; seed %d):", sampler.seed)
+        log(
+            INFO,
+            "\t│\t├──train: %d of %d clients per round",
+            sampler.per_round,
+            sampler.num_clients,
+        )
+        log(
+            INFO,
+            "\t│\t└──evaluate: %d of %d clients per round",
+            round(sampler.evaluate_fraction * sampler.num_clients),
+            sampler.num_clients,
+        )
+        log(INFO, "\t├──> Hyper-parameters: %s", self.params)
+        log(INFO, "\t└──> Keys in records:")
+        log(INFO, "\t\t├── Weighted by: '%s'", self.weighted_by_key)
+        log(INFO, "\t\t├── ArrayRecord key: '%s'", self.arrayrecord_key)
+        log(INFO, "\t\t└── ConfigRecord key: '%s'", self.configrecord_key)

@@ -23,6 +23,10 @@ stripped) and ``load_state_dict``.
   weight), ``train-loss``, ``gan-d-loss``, ``gan-g-loss``, ``partition-id``.
 - Never in a message: ``extractor.*`` and ``discriminator.*``.
 
+Outside fedsim's engine (any Flower ServerApp, ``Strategy.start()``), pass
+``network=`` so the server can rebuild the clients' pairs, and the initial
+arrays (``classifier.*`` and ``generator.*`` of such a network) to ``start``.
+
 Round metrics added by the server (:mod:`fedsim.core.protocol`'s ``DISTILL_*``):
 ``distill-kl-before`` (teacher-student KL of the weighted average on 256
 fresh seeded codes, held out from distillation), ``distill-kl-distilled``
@@ -37,9 +41,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -118,6 +122,35 @@ class FedCG(FedSplit):
     client_routine: ClassVar[str] = "fedcg"
     shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDCG_SHARED
 
+    def __init__(
+        self,
+        distill_iterations: int = 2000,
+        distill_batch_size: int = 16,
+        distill_lr: float = 3e-4,
+        gamma_ramp_rounds: int = 50,
+        diversity_weight: float = 0.2,
+        gan_steps: int = 0,
+        *,
+        network: Callable[[], GanSplitNet] | None = None,
+        seed: int = 0,
+        **flower_options: Any,
+    ) -> None:
+        """FedCG's hyper-parameters (:class:`FedCGParams`), then, outside fedsim's engine,
+        ``network`` (builds an untrained classifier + generator pair of the clients'
+        architecture) and ``seed`` (of the distillation's streams); ``flower_options``
+        are Flower's ``FedAvg`` arguments."""
+        super().__init__(**flower_options)
+        self.params = FedCGParams(
+            distill_iterations,
+            distill_batch_size,
+            distill_lr,
+            gamma_ramp_rounds,
+            diversity_weight,
+            gan_steps,
+        )
+        self.network_factory = network
+        self.own_seed = seed
+
     @classmethod
     def check_scenario(cls, scenario: Scenario) -> None:
         # The extractor's output shape does not depend on the input channels.
@@ -128,12 +161,27 @@ class FedCG(FedSplit):
             raise ScenarioError("model.name", scenario.model.name, str(err)) from None
 
     def network(self, arrays: ArrayRecord | None = None) -> GanSplitNet:
-        server = self.server
-        seed = derive_seed(SeedStream.MODEL_INIT, server.scenario.federation.seed)
-        net = build_gan_split_net(server.scenario.model, server.input_spec, seed)
+        """A classifier + generator pair on the server, loaded with ``arrays`` (may be partial)."""
+        if self.engine is not None:
+            server = self.engine.server
+            seed = derive_seed(SeedStream.MODEL_INIT, server.scenario.federation.seed)
+            net = build_gan_split_net(server.scenario.model, server.input_spec, seed)
+            device = server.device
+        elif self.network_factory is not None:
+            net, device = self.network_factory(), torch.device("cpu")
+        else:
+            raise RuntimeError(
+                "FedCG needs network=... (e.g. fedsim.core.gan.build_gan_split_net) "
+                "to rebuild the clients' pairs outside fedsim's engine"
+            )
         if arrays is not None:
             net.load_state_dict(arrays.to_torch_state_dict(), strict=False)
-        return net.to(server.device)
+        return net.to(device)
+
+    @property
+    def seed(self) -> int:
+        """The federation seed the distillation's streams derive from."""
+        return self.engine.server.scenario.federation.seed if self.engine else self.own_seed
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -158,7 +206,7 @@ class FedCG(FedSplit):
             for n, c in zip(sizes, contents, strict=True)
         ]
         student = self.network(arrays)
-        seed = self.server.scenario.federation.seed
+        seed = self.seed
         probe_seed = derive_seed(SeedStream.DISTILL_PROBE, seed, server_round)
         held_out = sample_codes(PROBE_CODES, student, torch.Generator().manual_seed(probe_seed))
         started = time.perf_counter()

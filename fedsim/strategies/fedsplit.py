@@ -7,6 +7,11 @@ Evaluation is personalised (each client's own extractor with the shared
 classifier on its local test split: the ``client-eval-*`` columns and the
 per-client rows of ``clients.csv``). There is no global model to test on the
 held-out set, so :meth:`FedSplit.evaluate_global` reports nothing.
+
+Message contract: FedAvg's (:class:`fedsim.strategies.fedavg.FedAvg`), with
+``arrays`` holding the shared parameters only (``classifier.*``,
+``fedsim.core.protocol.FEDSPLIT_SHARED``) both ways; a client merges them
+into its own network and replies with its classifier.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class FedSplit(FedAvg):
 
     def network(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """The seeded network on the server, loaded with ``arrays`` (may be partial)."""
-        return self.server.model(arrays)
+        return self.require_engine("the server's network").server.model(arrays)
 
     def initial_arrays(self) -> ArrayRecord:
         """The round-0 shared parameters of the seeded network."""

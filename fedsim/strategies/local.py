@@ -4,6 +4,9 @@ Nothing is shared or averaged: train messages carry an empty model and the
 round's config, replies an empty model and metrics. Each client's whole
 network is its private state (:mod:`fedsim.clients.local`), evaluated on its local
 test split (``client-eval-*``); there is no global model.
+
+Message contract: FedAvg's (:class:`fedsim.strategies.fedavg.FedAvg`) with an
+empty ``arrays`` both ways.
 """
 
 from __future__ import annotations

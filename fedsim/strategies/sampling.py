@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from fedsim.core.seeds import SeedStream, choose
 
@@ -44,3 +45,23 @@ class PartitionSampler:
 
     def nodes(self, partitions: list[int]) -> list[int]:
         return [self.node_of_partition[p] for p in partitions]
+
+
+class PreselectedGrid:
+    """A view of a ``Grid`` that offers only the nodes the engine sampled.
+
+    Flower's strategies sample from ``grid.get_node_ids()``; handed this view
+    (and sampling every node offered), any of them sends to exactly the
+    engine's seeded choice, and keeps its own ``configure_*`` bookkeeping
+    (FedOpt remembers the model it sent). Everything else goes to the grid.
+    """
+
+    def __init__(self, grid: Any, nodes: list[int]) -> None:
+        self._grid = grid
+        self._nodes = list(nodes)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._nodes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)

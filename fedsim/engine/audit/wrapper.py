@@ -1,10 +1,20 @@
 """A strategy wrapper that lets the audit see what the server receives.
 
 Like Flower's differential-privacy wrappers, :class:`AuditedStrategy` wraps
-any ``Strategy`` and delegates every call. It records the model and config it
-sends in ``configure_train`` and passes the very same reply messages, in the
-same order, to the wrapped ``aggregate_train``; the auditor only reads them,
-so the aggregate is bit-identical with and without the audit.
+any ``Strategy`` (fedsim's, or Flower's own such as ``FedAvg`` or ``Krum``)
+and delegates every call. It records the model and config it sends in
+``configure_train`` and passes the very same reply messages, in the same
+order, to the wrapped ``aggregate_train``; the auditor only reads them, so the
+aggregate is bit-identical with and without the audit.
+
+In any Flower ServerApp::
+
+    auditor = Auditor(AuditConfig(...), ServerView(...), truth=None, run_dir, console)
+    result = AuditedStrategy(FedCG(network=...), auditor).start(grid, initial_arrays, ...)
+
+``start`` joins the outstanding attacks before it returns (``audit.csv`` is
+complete then). Without a truth source the reconstructions are recorded
+unscored.
 """
 
 from __future__ import annotations
@@ -14,9 +24,10 @@ from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedsim.core import protocol
-from fedsim.strategies.base import FedsimStrategy
+from fedsim.strategies.base import EngineHooks, FedsimStrategy
 
 
 class ReplyObserver(Protocol):
@@ -30,6 +41,9 @@ class ReplyObserver(Protocol):
         replies: list[Message],
     ) -> None: ...
 
+    def finish(self) -> None:
+        """Complete what was observed (called when Flower's ``start`` returns)."""
+
 
 class AuditedStrategy(FedsimStrategy):
     """Delegates to ``inner``; shows each training round to ``observer``.
@@ -38,24 +52,40 @@ class AuditedStrategy(FedsimStrategy):
     must be added here, not reach the inner strategy by accident.
     """
 
-    def __init__(self, inner: FedsimStrategy, observer: ReplyObserver) -> None:
+    def __init__(self, inner: Strategy, observer: ReplyObserver) -> None:
         self.inner = inner
         self.observer = observer
         self._sent: tuple[ArrayRecord, ConfigRecord] | None = None
 
     # -- engine hooks ------------------------------------------------------------
 
+    # A plain Flower strategy has none: the engine's defaults stand in.
+
     def initial_arrays(self) -> ArrayRecord:
+        if not isinstance(self.inner, EngineHooks):
+            raise RuntimeError(f"{type(self.inner).__name__} has no initial model: pass one")
         return self.inner.initial_arrays()
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
+        if not isinstance(self.inner, EngineHooks):
+            return None
         return self.inner.evaluate_global(server_round, arrays)
 
     def state_for_checkpoint(self) -> dict[str, Any]:
+        if not isinstance(self.inner, EngineHooks):
+            return {}
         return self.inner.state_for_checkpoint()
 
     def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
-        self.inner.restore_checkpoint_state(state)
+        if isinstance(self.inner, EngineHooks):
+            self.inner.restore_checkpoint_state(state)
+
+    def start(self, *args: Any, **kwargs: Any) -> Result:
+        """Flower's round loop over the wrapped strategy; returns once every attack is done."""
+        try:
+            return super().start(*args, **kwargs)
+        finally:
+            self.observer.finish()
 
     # -- Flower's Strategy ---------------------------------------------------------
 
@@ -76,11 +106,12 @@ class AuditedStrategy(FedsimStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        result = self.inner.aggregate_train(server_round, replies)
+        # Observe first: some aggregators take the arrays out of the replies
+        # (Flower's FedMedian pops them); the observer only reads.
         if self._sent is not None:
             ok = [r for r in replies if not r.has_error()]
             self.observer.observe_round(server_round, *self._sent, ok)
-        return result
+        return self.inner.aggregate_train(server_round, replies)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -1,0 +1,174 @@
+"""fedsim as a Flower app: ``flwr run .`` (simulation) or ``flwr run . <superlink>`` (deployment).
+
+``pyproject.toml`` names :data:`server_app` and :data:`client_app` in
+``[tool.flwr.app.components]``. Both read the scenario from
+``context.run_config`` (``[tool.flwr.app.config]``, overridden with
+``flwr run . --run-config 'key=value ...'``):
+
+- ``scenario``: a shipped scenario's name (``quickstart``, ``audit-fedavg``,
+  ... as in ``fedsim list``) or the path of a scenario file;
+- ``set``: ``;``-separated ``key.path=value`` overrides, as ``fedsim run --set``;
+- ``out``: the run directory (default ``<output.dir>/<name>-run<RUN_ID>``),
+  which the ServerApp writes (``metrics.csv``, ``audit.csv``, ...) and the
+  clients keep their private state in, so on the Deployment Engine it must be
+  a path that means the same on every machine (one machine in the tests).
+
+The server does what ``fedsim run`` does: validates the scenario before
+anything starts, discovers which node is which partition, runs the rounds
+with the strategy (and the audit when ``[audit]`` is enabled), and writes the
+run directory. On the Deployment Engine each SuperNode is started with
+``--node-config "partition-id=I num-partitions=N"``; in a simulation Flower
+sets both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from rich.console import Console
+
+from fedsim.clients.app import build_client_app
+from fedsim.core import protocol
+from fedsim.core.config import Scenario, ScenarioError, load_scenario, require
+from fedsim.engine.flower import quiet_flower, simulated
+from fedsim.engine.report import write_run_report
+from fedsim.engine.results import (
+    CLIENT_STATE_DIR,
+    RunRecorder,
+    new_run_dir,
+    save_model,
+    write_scenario,
+    write_summary,
+)
+from fedsim.engine.runner import serve
+from fedsim.engine.validate import validate
+from fedsim.strategies import STRATEGIES
+
+SHIPPED_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+NUM_PARTITIONS = "num-partitions"  # Flower's node-config key, beside protocol.PARTITION_ID
+
+
+def scenario_path(name_or_path: str) -> Path:
+    """A shipped scenario's file by name, or ``name_or_path`` itself."""
+    shipped = SHIPPED_SCENARIOS / f"{name_or_path}.toml"
+    if "/" not in name_or_path and not name_or_path.endswith(".toml") and shipped.is_file():
+        return shipped
+    return Path(name_or_path)
+
+
+def scenario_from_run_config(run_config: Mapping[str, object]) -> Scenario:
+    """The scenario a run config names (``scenario``), with its ``set`` overrides applied."""
+    name = str(run_config.get("scenario", "") or "")
+    shipped = sorted(p.stem for p in SHIPPED_SCENARIOS.glob("*.toml"))
+    require(bool(name), "scenario", name, f"a scenario file or one of {', '.join(shipped)}")
+    overrides = [s.strip() for s in str(run_config.get("set", "") or "").split(";") if s.strip()]
+    return load_scenario(scenario_path(name), overrides)
+
+
+def run_dir_of(scenario: Scenario, run_config: Mapping[str, object], run_id: int) -> Path:
+    """The run directory server and clients agree on: ``out``, or one named by the run id."""
+    out = str(run_config.get("out", "") or "")
+    return Path(out) if out else Path(scenario.output.dir) / f"{scenario.name}-run{run_id}"
+
+
+def _start_audit_ray(scenario: Scenario, grid: Grid) -> None:
+    """On the Deployment Engine the ServerApp has no Ray: start one for the audit's tasks.
+
+    No client actor shares this Ray, so the attacks need no reservation. In
+    a ``flwr run`` simulation, Flower's backend starts Ray in this very process
+    (a second ``ray.init`` racing it makes both time out) without fedsim's
+    resource plan: the attacks then ask for CPUs the client actors leave free
+    (README, "As a Flower app").
+    """
+    import ray
+
+    if scenario.audit.enabled and not simulated(grid) and not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=os.cpu_count() or 1,
+            num_gpus=None if scenario.audit.num_gpus > 0 else 0,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the scenario of ``context.run_config`` on ``grid`` and write its run directory."""
+    console = Console(soft_wrap=True)
+    quiet_flower()
+    scenario = validate(scenario_from_run_config(context.run_config))
+    run_dir = new_run_dir(scenario, run_dir_of(scenario, context.run_config, context.run_id))
+    write_scenario(scenario, run_dir)
+    fed = scenario.federation
+    console.print(
+        f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name}, {fed.num_clients} "
+        f"clients ({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
+    )
+    _start_audit_ray(scenario, grid)
+    recorder = RunRecorder(run_dir, fed.rounds, console)
+    arrays = serve(grid, scenario, recorder, console)
+    save_model(arrays, run_dir)
+    console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
+    console.print(f"report: {write_run_report(run_dir)}")
+
+
+@cache
+def _run_scenario(items: tuple[tuple[str, object], ...]) -> Scenario:
+    return scenario_from_run_config(dict(items))
+
+
+@cache
+def _scenario_client(items: tuple[tuple[str, object], ...], run_id: int) -> ClientApp:
+    scenario = _run_scenario(items)
+    routine = STRATEGIES.get(scenario.strategy.name).client_routine
+    state_dir = run_dir_of(scenario, dict(items), run_id) / CLIENT_STATE_DIR
+    return build_client_app(scenario, routine, state_dir)
+
+
+def _client_for(context: Context) -> ClientApp:
+    """The run's scenario client, once the node's partition settings fit the scenario."""
+    items = tuple(sorted(context.run_config.items()))
+    expected = _run_scenario(items).federation.num_clients
+    if protocol.PARTITION_ID not in context.node_config:
+        raise ScenarioError(
+            f"node-config {protocol.PARTITION_ID}",
+            None,
+            'start each SuperNode with --node-config "partition-id=I num-partitions=N"',
+        )
+    partitions = context.node_config.get(NUM_PARTITIONS, expected)
+    if int(partitions) != expected:
+        raise ScenarioError(
+            f"node-config {NUM_PARTITIONS}",
+            partitions,
+            f"must equal the scenario's federation.num-clients ({expected})",
+        )
+    return _scenario_client(items, context.run_id)
+
+
+client_app = ClientApp()
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    return _client_for(context)(msg, context)
+
+
+@client_app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return _client_for(context)(msg, context)
+
+
+@client_app.query()
+def query(msg: Message, context: Context) -> Message:
+    return _client_for(context)(msg, context)
