@@ -205,7 +205,9 @@ def check_case(
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+    elapsed_ms = int(1000 * (time.monotonic() - start))
     counts["cases"] += 1
+    counts["slowest answer (ms)"] = max(counts["slowest answer (ms)"], elapsed_ms)
     err = capsys.readouterr().err
     if status == 0:  # compare --dry-run: a valid sweep, listed
         counts["accepted"] += 1
@@ -222,7 +224,6 @@ def check_case(
     assert status == 2, err
     assert err.startswith("fedsim: error: ") and err.count("\n") == 1, err
     assert " = " in err, err  # KEY = VALUE: what is allowed
-    assert time.monotonic() - start < CASE_SECONDS
 
 
 def test_mutated_scenarios_run_or_are_refused_in_one_line(

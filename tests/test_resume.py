@@ -308,6 +308,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path) -> None:
     not_a_run.mkdir()
     no_checkpoint = fresh_run_dir(scenario_from_dict(TINY), tmp_path / "fresh")
     finished = checkpointed_run(tmp_path / "finished", rounds=2, done=2)
+    torch.save({}, finished / MODEL_FILE)  # a finished run saved its model
     edited = checkpointed_run(tmp_path / "edited")
     scenario_path = edited / SCENARIO_FILE
     scenario_path.write_text(scenario_path.read_text().replace("lr = 0.003", "lr = 0.1"))
@@ -322,6 +323,16 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path) -> None:
         with pytest.raises(ScenarioError, match="--resume") as err:
             open_resume(folder)
         assert reason in str(err.value)
+
+
+def test_a_run_killed_before_saving_its_final_model_resumes_with_no_round_left(
+    tmp_path: Path,
+) -> None:
+    run_dir = checkpointed_run(tmp_path, rounds=2, done=2)  # no model.pt
+
+    scenario, checkpoint = open_resume(run_dir)
+
+    assert (scenario.federation.rounds, checkpoint.round) == (2, 2)
 
 
 def test_resume_may_extend_the_rounds(tmp_path: Path) -> None:
@@ -409,9 +420,9 @@ def test_killed_at_random_server_writes_then_resumed_matches_an_uninterrupted_ru
         done = checkpointed_round(stopped)
         if done is None:  # killed before the first checkpoint: nothing to resume
             continue
-        if done < scenario.federation.rounds:  # else killed after the last checkpoint
-            resumed, checkpoint = open_resume(stopped)
-            serve_in_process(resumed, stopped, resume=checkpoint)
+        # After the last round's checkpoint, resuming runs no round (and would save the model).
+        resumed, checkpoint = open_resume(stopped)
+        serve_in_process(resumed, stopped, resume=checkpoint)
         pd.testing.assert_frame_equal(
             pd.read_csv(whole / METRICS_FILE).drop(columns="seconds"),
             pd.read_csv(stopped / METRICS_FILE).drop(columns="seconds"),

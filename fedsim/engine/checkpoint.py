@@ -58,6 +58,7 @@ from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import (
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
+    MODEL_FILE,
     SCENARIO_FILE,
     check_no_links,
     inside,
@@ -431,8 +432,10 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
             "only federation.rounds may change",
         )
     rounds = scenario.federation.rounds
+    # Killed after the last round's checkpoint but before the final model was
+    # saved: resuming runs no round and writes what is missing.
     require(
-        state["round"] < rounds,
+        state["round"] < rounds or not (path / MODEL_FILE).is_file(),
         "--resume",
         str(path),
         f"the run already finished all {rounds} rounds (raise federation.rounds to extend it)",

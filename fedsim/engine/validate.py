@@ -62,7 +62,8 @@ def check_model_shapes(scenario: Scenario) -> None:
     spec = InputSpec(3 if scenario.data.channels == "rgb" else 1, size, 10)
     try:
         with torch.device("meta"):
-            builder(spec)(torch.zeros(1, spec.channels, size, size))
+            # eval(): batch norm in training mode refuses a batch of one 1x1 map.
+            builder(spec).eval()(torch.zeros(1, spec.channels, size, size))
     except (RuntimeError, ValueError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ScenarioError(
