@@ -133,3 +133,22 @@ def test_sigterm_and_sigint_ask_for_a_stop_at_the_next_round_end(tmp_path: Path)
         guard.begin_outputs.on_round_end(record, ArrayRecord())
         with pytest.raises(RunInterrupted, match=f"rounds up to 3 are saved.*--resume {tmp_path}"):
             guard.end_outputs.on_round_end(record, ArrayRecord())
+
+
+def test_the_forced_stop_waits_out_the_grace_only_while_the_run_lasts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forced: list[StopGuard] = []
+    monkeypatch.setattr(StopGuard, "_force", lambda guard: forced.append(guard))
+    lingering = StopGuard(tmp_path, grace=0.2)
+    with lingering.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.6)  # no round ended within the grace: the stop is forced
+    assert forced == [lingering]
+
+    finished = StopGuard(tmp_path, grace=0.2)
+    with finished.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+    time.sleep(0.6)  # the run ended before the grace: nothing is forced later
+    assert forced == [lingering]

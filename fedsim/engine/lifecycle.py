@@ -23,7 +23,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -86,6 +85,7 @@ class StopGuard:
     last_round: int = 0
     _writing: threading.Lock = field(default_factory=threading.Lock)
     _watchdog: threading.Thread | None = None
+    _left: threading.Event = field(default_factory=threading.Event)  # the guarded block ended
 
     @contextmanager
     def installed(self) -> Iterator[StopGuard]:
@@ -97,6 +97,7 @@ class StopGuard:
         try:
             yield self
         finally:
+            self._left.set()  # the run ended on its own: no forced exit after the grace
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -116,8 +117,8 @@ class StopGuard:
         self._watchdog.start()
 
     def _force_after_grace(self) -> None:
-        time.sleep(self.grace)
-        self._force()
+        if not self._left.wait(self.grace):
+            self._force()
 
     def _force(self) -> None:
         # Wait for a round's outputs to be complete, and keep the lock: none start again.
