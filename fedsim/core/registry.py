@@ -39,18 +39,24 @@ class Registry(Generic[T]):
         self.kind = kind
         self._packages = packages
         self._entries: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}
         self._discovered = False
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name``."""
+    def register(self, name: str, aliases: tuple[str, ...] = ()) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name`` (and short ``aliases`` for it)."""
 
         def decorator(obj: T) -> T:
-            if name in self._entries and self._entries[name] is not obj:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            for key in (name, *aliases):
+                if self._lookup(key) not in (None, obj):
+                    raise ValueError(f"{self.kind} {key!r} is registered twice")
             self._entries[name] = obj
+            self._aliases.update(dict.fromkeys(aliases, name))
             return obj
 
         return decorator
+
+    def _lookup(self, name: str) -> T | None:
+        return self._entries.get(self._aliases.get(name, name))
 
     def _discover(self) -> None:
         if self._discovered:
@@ -65,21 +71,32 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """Return the component called ``name`` or raise a clear error."""
         self._discover()
-        try:
-            return self._entries[name]
-        except KeyError:
+        found = self._lookup(name)
+        if found is None:
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}"
-            ) from None
+                + (f" (aliases: {', '.join(sorted(self._aliases))})" if self._aliases else "")
+            )
+        return found
+
+    def canonical(self, name: str) -> str:
+        """The name ``name`` is registered under (itself unless it is an alias)."""
+        self.get(name)
+        return self._aliases.get(name, name)
 
     def names(self) -> list[str]:
-        """Registered names, sorted."""
+        """Registered names, sorted (without aliases)."""
         self._discover()
         return sorted(self._entries)
 
+    def aliases(self) -> dict[str, str]:
+        """Alias -> the name it stands for."""
+        self._discover()
+        return dict(self._aliases)
+
     def __contains__(self, name: object) -> bool:
         self._discover()
-        return name in self._entries
+        return isinstance(name, str) and self._lookup(name) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

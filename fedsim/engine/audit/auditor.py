@@ -37,6 +37,7 @@ from fedsim.core.protocol import AuditRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
+from fedsim.engine.audit.fidelity import fidelity_residual, residual_note
 from fedsim.engine.audit.observe import ServerView, observe_reply
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, write_csv_atomic
@@ -208,9 +209,12 @@ class Auditor:
     def _record(self, job: _Job, rec: Reconstruction) -> None:
         obs = job.observation
         truth = job.truth
-        score = None
+        score, residual = None, math.nan
         if truth is not None:
             score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
+            seed = derive_seed(SeedStream.ATTACK, self.cfg.seed, job.round, job.client)
+            residual = fidelity_residual(job.attack, obs, truth, seed)
+        batchnorm = str(rec.details.get("batchnorm", "not-modelled"))
         record = AuditRecord(
             round=job.round,
             client=job.client,
@@ -231,6 +235,9 @@ class Auditor:
             seconds=rec.seconds,
             wall_seconds=time.perf_counter() - job.submitted,
             attack_params=repr(job.attack.params),
+            batchnorm=batchnorm,
+            fidelity_residual=residual,
+            fidelity_note=residual_note(residual, job.attack, obs, batchnorm),
         )
         folder = self.run_dir / AUDIT_IMAGES
         folder.mkdir(exist_ok=True)
