@@ -22,31 +22,32 @@ BatchNormKnowledge = Literal["none", "buffers", "known"]
 """What the attacker knows of the statistics a victim's BatchNorm layers used.
 
 A client trains in train mode, so each BatchNorm layer normalises with its
-batch's own mean and variance. ``none``: the attacker knows nothing of them
-and its model normalises the dummy batch with the dummy's own statistics.
-``buffers``: it reads them back from the running buffers the client uploaded
-(FedAvg uploads them with the weights): exact after one local step, the
-steps' average after several. ``known``: it is given the batch's statistics
-(the strongest attacker of Huang et al. 2021; the audit hands them over
-only when an attack asks for this). A probe gradient is computed in eval
-mode with the buffers the server sent, which the attacker then uses whatever
-it asks for.
+batch's own mean and variance and the gradient flows through them: the
+attacker's model of an update therefore always normalises the dummy batch
+with the dummy's own statistics (an eval-mode forward with the true
+statistics gives the same outputs but other parameter gradients). What it
+knows of the true statistics becomes a prior pulling the dummy's statistics
+towards them (Huang et al. 2021's BatchNorm-statistics term):
+``none``: no prior. ``buffers``: read back from the running buffers the
+client uploaded (FedAvg uploads them with the weights): exact after one local
+step, the steps' average after several. ``known``: given the batch's
+statistics (the strongest attacker of Huang et al. 2021; the audit hands
+them over only when an attack asks for this). A probe gradient is computed in
+eval mode with the buffers the server sent, which the attacker then uses
+whatever it asks for.
 """
 
 
 def victim_model(
-    observation: Observation,
-    device: torch.device,
-    seed: int = 0,
-    batchnorm: BatchNormKnowledge = "none",
+    observation: Observation, device: torch.device, seed: int = 0
 ) -> tuple[SplitNet, dict[str, torch.Tensor]]:
     """The architecture at the global parameters the server sent.
 
     Parameters the server never saw (a FedSplit extractor) keep a random
-    initialisation from ``seed``: the attacker's estimate E~. The returned
-    tensors include the buffers the forward reads (see
-    :data:`BatchNormKnowledge` and :func:`batchnorm_view`); a model without
-    BatchNorm runs in eval mode with its parameters only.
+    initialisation from ``seed``: the attacker's estimate E~. BatchNorm
+    layers use the batch's statistics against an update (the client trained
+    in train mode) and the sent running buffers, included in the returned
+    tensors, against a probe gradient (computed in eval mode).
     """
     model_seed = derive_seed(SeedStream.ATTACK_MODEL, seed)
     model = build_model(observation.model, observation.input_spec, seed=model_seed).to(device)
@@ -55,20 +56,28 @@ def victim_model(
     for name, value in observation.global_params.items():
         if name in params:
             params[name] = value.detach().to(device=device, dtype=params[name].dtype).clone()
-    view = batchnorm_view(observation, batchnorm)
-    if view == "batch-of-dummy":
+    if not batchnorm_layers(model):
+        return model, params
+    if observation.shared_kind == "update":
         # Running buffers dropped: every BatchNorm layer uses its batch's statistics.
         torch.func.replace_all_batch_norm_modules_(model)
         return model, params
-    if view != "no-batchnorm":
-        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-        buffers.update(_sent_buffers(observation, buffers))
-        if view == "uploaded-buffers":
-            buffers.update(statistics_from_buffers(observation, model))
-        elif view == "known-batch":
-            buffers.update(observation.extras[protocol.BATCH_STATISTICS])
-        params.update({n: b.to(device) for n, b in buffers.items()})
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    buffers.update(_sent_buffers(observation, buffers))
+    params.update({n: b.to(device) for n, b in buffers.items()})
     return model, params
+
+
+def batchnorm_targets(
+    observation: Observation, model: SplitNet, batchnorm: BatchNormKnowledge
+) -> dict[str, torch.Tensor]:
+    """The statistics the attacker believes the victim's batch had (empty when it has none)."""
+    view = batchnorm_view(observation, batchnorm)
+    if view == "uploaded-buffers":
+        return statistics_from_buffers(observation, model)
+    if view == "known-batch":
+        return dict(observation.extras[protocol.BATCH_STATISTICS])
+    return {}
 
 
 def _sent_buffers(

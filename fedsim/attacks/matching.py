@@ -38,6 +38,7 @@ from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.gradients import (
     BatchNormKnowledge,
     batch_gradient,
+    batchnorm_targets,
     batchnorm_view,
     local_steps_taken,
     soft_cross_entropy,
@@ -48,7 +49,7 @@ from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
 from fedsim.core import protocol
 from fedsim.core.config import require
-from fedsim.core.models import SplitNet
+from fedsim.core.models import SplitNet, batchnorm_layers
 from fedsim.core.seeds import SeedStream, derive_seed
 
 OptimizerName = Literal["lbfgs", "adamw"]
@@ -98,6 +99,10 @@ class MatchingParams:
         What the attacker knows of the victim's BatchNorm statistics:
         ``none``, ``buffers`` or ``known`` (see
         :data:`~fedsim.attacks.gradients.BatchNormKnowledge`).
+    batchnorm_weight:
+        Weight of the prior ``sum_l ||mu_l(x') - mu_l|| + ||var_l(x') - var_l||``
+        pulling the dummy's BatchNorm statistics to the believed ones
+        (DeepInversion's form; not tuned here).
     """
 
     paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 300, "adamw": 20_000}
@@ -116,6 +121,7 @@ class MatchingParams:
     signed_gradient: bool = False
     step_decay: bool = False
     batchnorm: BatchNormKnowledge = "none"
+    batchnorm_weight: float = 0.01
 
     def __post_init__(self) -> None:
         require(self.restarts >= 1, "restarts", self.restarts, "must be >= 1")
@@ -126,6 +132,9 @@ class MatchingParams:
         )
         require(self.history_size >= 1, "history-size", self.history_size, "must be >= 1")
         require(self.weight_decay >= 0, "weight-decay", self.weight_decay, "must be >= 0")
+        require(
+            self.batchnorm_weight >= 0, "batchnorm-weight", self.batchnorm_weight, "must be >= 0"
+        )
         require(
             0 <= self.dummy_constant <= 1,
             "dummy-constant",
@@ -326,14 +335,14 @@ class GradientMatchingAttack(Attack):
         """
         first = observations[0]
         knowledge = self.params.batchnorm
-        model, _ = victim_model(first, self.device, seed, knowledge)
+        model, _ = victim_model(first, self.device, seed)
         names = list(first.shared)
         depths = layer_depths(model, names)
         per_victim_params, targets, constants, labels, extras = [], [], [], [], []
         spec = first.input_spec
         inferring = infer and self.params.labels == "infer"
         for obs in observations:
-            _, params = victim_model(obs, self.device, seed, knowledge)
+            _, params = victim_model(obs, self.device, seed)
             target = target_gradient(obs, self.device)
             per_victim_params.append(params)
             targets.append([target[n].float() for n in names])
@@ -342,7 +351,9 @@ class GradientMatchingAttack(Attack):
             if found is not None:
                 labels.append(F.one_hot(found, spec.num_classes).float())
             if infer:
-                extras.append(self.victim_extras(obs, found, seed))
+                believed = batchnorm_targets(obs, model, knowledge)
+                prior = {f"{BATCHNORM_PRIOR}{k}": v.to(self.device) for k, v in believed.items()}
+                extras.append({**self.victim_extras(obs, found, seed), **prior})
 
         def stack(items: list[list[torch.Tensor]]) -> list[torch.Tensor]:
             return [torch.stack(column) for column in zip(*items, strict=True)]
@@ -376,7 +387,16 @@ class GradientMatchingAttack(Attack):
             dummy = self.simulated_gradient(problem, params, x, y, functional)
             value = self.distance(dummy, target, constants)
             extra = self.extra_objective(problem, params, extras, x, y)
-            return value if extra is None else value + extra
+            value = value if extra is None else value + extra
+            believed = {
+                k[len(BATCHNORM_PRIOR) :]: v
+                for k, v in extras.items()
+                if k.startswith(BATCHNORM_PRIOR)
+            }
+            if believed:
+                prior = batchnorm_prior(problem.model, params, x, believed)
+                value = value + self.params.batchnorm_weight * prior
+            return value
 
         return objective
 
@@ -536,6 +556,39 @@ class GradientMatchingAttack(Attack):
             restarts=self.params.restarts,
             **fields,
         )
+
+
+BATCHNORM_PRIOR = "batchnorm-prior:"
+"""Prefix of the believed BatchNorm statistics among a problem's per-victim extras."""
+
+
+def batchnorm_prior(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    believed: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """``sum_l ||mu_l(x) - mu_l|| + ||var_l(x) - var_l||`` over BatchNorm inputs (biased var).
+
+    ``believed`` is keyed like :func:`fedsim.core.models.batch_statistics`.
+    """
+    found: dict[str, torch.Tensor] = {}
+
+    def record(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            dims = [d for d in range(args[0].dim()) if d != 1]
+            found[f"{name}.running_mean"] = args[0].mean(dim=dims)
+            found[f"{name}.running_var"] = args[0].var(dim=dims, unbiased=False)
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(record(n)) for n, m in batchnorm_layers(model).items()]
+    try:
+        functional_call(model, params, (x,))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.stack([(found[k] - v).norm() for k, v in believed.items()]).sum()
 
 
 def require_replayable(observation: Observation, attack: str) -> None:

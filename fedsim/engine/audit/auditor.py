@@ -38,7 +38,7 @@ from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
 from fedsim.engine.audit.fidelity import fidelity_residual, residual_note
-from fedsim.engine.audit.observe import ServerView, observe_reply
+from fedsim.engine.audit.observe import ServerView, observe_reply, reveal_batch_statistics
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, write_csv_atomic
 
@@ -156,7 +156,10 @@ class Auditor:
                 self.cfg.probe_batch_size,
             )
             for attack in self.cfg.attacks:
-                self._submit(_Job(server_round, partition, attack, observation, truth, 0.0))
+                seen = observation
+                if truth is not None and attack.params.get("batchnorm") == "known":
+                    seen = reveal_batch_statistics(observation, truth)  # that attacker's premise
+                self._submit(_Job(server_round, partition, attack, seen, truth, 0.0))
 
     def _submit(self, job: _Job) -> None:
         seed = derive_seed(SeedStream.ATTACK, self.cfg.seed, job.round, job.client)
