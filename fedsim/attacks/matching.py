@@ -49,7 +49,7 @@ from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
 from fedsim.core import protocol
 from fedsim.core.config import require
-from fedsim.core.models import SplitNet, batchnorm_layers
+from fedsim.core.models import SplitNet, recording_batch_statistics
 from fedsim.core.seeds import SeedStream, derive_seed
 
 OptimizerName = Literal["lbfgs", "adamw"]
@@ -572,22 +572,8 @@ def batchnorm_prior(
 
     ``believed`` is keyed like :func:`fedsim.core.models.batch_statistics`.
     """
-    found: dict[str, torch.Tensor] = {}
-
-    def record(name: str) -> Any:
-        def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            dims = [d for d in range(args[0].dim()) if d != 1]
-            found[f"{name}.running_mean"] = args[0].mean(dim=dims)
-            found[f"{name}.running_var"] = args[0].var(dim=dims, unbiased=False)
-
-        return hook
-
-    handles = [m.register_forward_pre_hook(record(n)) for n, m in batchnorm_layers(model).items()]
-    try:
+    with recording_batch_statistics(model) as found:
         functional_call(model, params, (x,))
-    finally:
-        for handle in handles:
-            handle.remove()
     return torch.stack([(found[k] - v).norm() for k, v in believed.items()]).sum()
 
 

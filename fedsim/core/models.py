@@ -8,7 +8,8 @@ flatten and ends with the logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -200,38 +201,49 @@ def batchnorm_layers(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchN
     }
 
 
-def batch_statistics(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What each BatchNorm layer normalises ``inputs`` with in a train-mode forward.
+@contextmanager
+def recording_batch_statistics(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """While open, every forward records what each BatchNorm layer's input has.
 
-    Keyed like the layers' buffers (``<layer>.running_mean``: the batch mean,
-    ``<layer>.running_var``: the biased batch variance), so an eval-mode
-    forward with these as buffers reproduces the train-mode forward exactly.
-    The model's buffers and mode are left as they were.
+    Keyed like the layers' buffers: ``<layer>.running_mean`` (the batch
+    mean per channel) and ``<layer>.running_var`` (the biased batch
+    variance); differentiable, as the forward that computed them.
     """
     found: dict[str, torch.Tensor] = {}
 
     def record(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
         def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
             dims = [d for d in range(args[0].dim()) if d != 1]
-            found[f"{name}.running_mean"] = args[0].mean(dim=dims).detach()
-            found[f"{name}.running_var"] = args[0].var(dim=dims, unbiased=False).detach()
+            found[f"{name}.running_mean"] = args[0].mean(dim=dims)
+            found[f"{name}.running_var"] = args[0].var(dim=dims, unbiased=False)
 
         return hook
 
-    layers = batchnorm_layers(model)
-    saved = {k: v.clone() for k, v in model.state_dict().items()}
-    was_training = model.training
-    handles = [m.register_forward_pre_hook(record(n)) for n, m in layers.items()]
+    handles = [m.register_forward_pre_hook(record(n)) for n, m in batchnorm_layers(model).items()]
     try:
-        model.train()
-        with torch.no_grad():
-            model(inputs)
+        yield found
     finally:
         for handle in handles:
             handle.remove()
+
+
+def batch_statistics(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What each BatchNorm layer normalises ``inputs`` with in a train-mode forward.
+
+    Keyed like the layers' buffers (see :func:`recording_batch_statistics`),
+    so an eval-mode forward with these as buffers gives the train-mode
+    forward's outputs. The model's buffers and mode are left as they were.
+    """
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    was_training = model.training
+    try:
+        model.train()
+        with torch.no_grad(), recording_batch_statistics(model) as found:
+            model(inputs)
+    finally:
         model.load_state_dict(saved)
         model.train(was_training)
-    return found
+    return dict(found)
 
 
 def batchnorm_counts(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]:
