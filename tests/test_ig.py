@@ -99,7 +99,10 @@ def test_ig_beats_one_step_dlg_on_a_two_step_fedavg_update() -> None:
     # one step (20 L-BFGS steps = 400 evaluations, 2 restarts). Measured PSNR,
     # seeds 0/1/2/3: IG 14.6/12.0/14.2/13.8 dB, DLG 10.3/3.3/10.0/14.2 dB (on
     # seed 3 DLG wins by 0.4 dB; the median margin over the four is 4.2 dB).
-    # Seeds 0 and 1 run here; the paper-scale numbers are bench/frontier.py's.
+    # Modest: a flat image of the digits' mean intensity already scores
+    # 9.7/9.2/10.1/11.7 dB, so IG is 2.1-4.9 dB above "no information" at this
+    # budget (SSIM 0.39-0.45) and DLG, reading the update as one step, is at
+    # or below it. Seeds 0 and 1 run here; the frontier is bench/frontier.py's.
     margins = []
     for seed in (0, 1):
         observation, truth, labels = _two_step_update(seed)
@@ -111,7 +114,9 @@ def test_ig_beats_one_step_dlg_on_a_two_step_fedavg_update() -> None:
             attack_cls = ATTACKS.get(name)
             rec = attack_cls(parse_table(attack_cls.Params, budget)).reconstruct(observation)
             psnr[name] = score_reconstruction(rec.images, truth, rec.labels, labels).psnr
-        assert psnr["ig"] >= 11.0
+        flat = truth.mean().expand_as(truth)
+        baseline = score_reconstruction(flat, truth, labels, labels).psnr
+        assert psnr["ig"] >= baseline + 1.5
         margins.append(psnr["ig"] - psnr["dlg"])
 
     assert sum(margins) / len(margins) >= 2.0
