@@ -6,14 +6,36 @@ Everything here reads only an :class:`~fedsim.attacks.base.Observation`.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
 from fedsim.attacks.base import Observation
-from fedsim.core.models import SplitNet, build_model
+from fedsim.core import protocol
+from fedsim.core.models import SplitNet, batchnorm_counts, batchnorm_layers, build_model
 from fedsim.core.seeds import SeedStream, derive_seed
+
+BatchNormKnowledge = Literal["none", "buffers", "known"]
+"""What the attacker knows of the statistics a victim's BatchNorm layers used.
+
+A client trains in train mode, so each BatchNorm layer normalises with its
+batch's own mean and variance and the gradient flows through them: the
+attacker's model of an update therefore always normalises the dummy batch
+with the dummy's own statistics (an eval-mode forward with the true
+statistics gives the same outputs but other parameter gradients). What it
+knows of the true statistics becomes a prior pulling the dummy's statistics
+towards them (Huang et al. 2021's BatchNorm-statistics term):
+``none``: no prior. ``buffers``: read back from the running buffers the
+client uploaded (FedAvg uploads them with the weights): exact after one local
+step, the steps' average after several. ``known``: given the batch's
+statistics (the strongest attacker of Huang et al. 2021; the audit hands
+them over only when an attack asks for this). A probe gradient is computed in
+eval mode with the buffers the server sent, which the attacker then uses
+whatever it asks for.
+"""
 
 
 def victim_model(
@@ -22,7 +44,10 @@ def victim_model(
     """The architecture at the global parameters the server sent.
 
     Parameters the server never saw (a FedSplit extractor) keep a random
-    initialisation from ``seed``: the attacker's estimate E~.
+    initialisation from ``seed``: the attacker's estimate E~. BatchNorm
+    layers use the batch's statistics against an update (the client trained
+    in train mode) and the sent running buffers, included in the returned
+    tensors, against a probe gradient (computed in eval mode).
     """
     model_seed = derive_seed(SeedStream.ATTACK_MODEL, seed)
     model = build_model(observation.model, observation.input_spec, seed=model_seed).to(device)
@@ -31,7 +56,100 @@ def victim_model(
     for name, value in observation.global_params.items():
         if name in params:
             params[name] = value.detach().to(device=device, dtype=params[name].dtype).clone()
+    if not batchnorm_layers(model):
+        return model, params
+    if observation.shared_kind == "update":
+        # Running buffers dropped: every BatchNorm layer uses its batch's statistics.
+        torch.func.replace_all_batch_norm_modules_(model)
+        return model, params
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    buffers.update(_sent_buffers(observation, buffers))
+    params.update({n: b.to(device) for n, b in buffers.items()})
     return model, params
+
+
+def batchnorm_targets(
+    observation: Observation, model: SplitNet, batchnorm: BatchNormKnowledge
+) -> dict[str, torch.Tensor]:
+    """The statistics the attacker believes the victim's batch had (empty when it has none)."""
+    view = batchnorm_view(observation, batchnorm)
+    if view == "uploaded-buffers":
+        return statistics_from_buffers(observation, model)
+    if view == "known-batch":
+        return dict(observation.extras[protocol.BATCH_STATISTICS])
+    return {}
+
+
+def _sent_buffers(
+    observation: Observation, buffers: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    sent = observation.extras.get("sent", {})
+    return {n: v.to(buffers[n].dtype) for n, v in sent.items() if n in buffers}
+
+
+def has_batchnorm(observation: Observation) -> bool:
+    """Whether the victim's architecture has BatchNorm layers."""
+    model = build_model(observation.model, observation.input_spec)
+    return bool(batchnorm_layers(model))
+
+
+def batchnorm_view(observation: Observation, batchnorm: BatchNormKnowledge) -> str:
+    """How the attacker's model normalises, as recorded in the audit.
+
+    ``no-batchnorm``, ``sent-running`` (a probe: eval mode with the sent
+    buffers), ``batch-of-dummy``, ``uploaded-buffers`` or ``known-batch``.
+
+    Raises
+    ------
+    ValueError
+        When the knowledge asked for is not in the observation.
+    """
+    if not has_batchnorm(observation):
+        return "no-batchnorm"
+    if observation.shared_kind == "gradient":
+        return "sent-running"
+    if batchnorm == "known":
+        if protocol.BATCH_STATISTICS not in observation.extras:
+            raise ValueError(
+                'batchnorm = "known" needs the victim batch\'s statistics in the observation '
+                f"(extras[{protocol.BATCH_STATISTICS!r}]); this one has none"
+            )
+        return "known-batch"
+    if batchnorm == "buffers":
+        uploads = observation.extras.get("uploads", {})
+        if not any(n.endswith(".running_mean") for n in uploads):
+            raise ValueError(
+                'batchnorm = "buffers" needs the running buffers in the upload; strategy '
+                f"{observation.strategy!r} did not upload any (allowed here: none, known)"
+            )
+        return "uploaded-buffers"
+    return "batch-of-dummy"
+
+
+def statistics_from_buffers(observation: Observation, model: SplitNet) -> dict[str, torch.Tensor]:
+    """The batch statistics the uploaded running buffers imply (see :data:`BatchNormKnowledge`).
+
+    After ``K`` steps with momentum ``m``, ``running = (1-m)^K sent + (1 - (1-m)^K) mean``
+    when every step's batch has the same mean; the variance buffer holds the
+    unbiased variance, turned back into the biased one the forward used.
+    """
+    uploads, sent = observation.extras["uploads"], observation.extras["sent"]
+    steps = max(1, local_steps_taken(observation))
+    batch = min(observation.num_examples, observation.train_config.batch_size)
+    spec = observation.input_spec
+    counts = batchnorm_counts(model, (batch, spec.channels, spec.image_size, spec.image_size))
+    found = {}
+    for name, layer in batchnorm_layers(model).items():
+        momentum = layer.momentum if layer.momentum is not None else 0.1
+        kept = (1 - momentum) ** steps
+        for buffer in ("running_mean", "running_var"):
+            key = f"{name}.{buffer}"
+            new, old = uploads[key].double(), sent[key].double()
+            value = (new - kept * old) / (1 - kept)
+            if buffer == "running_var":
+                value = value * (counts[name] - 1) / counts[name]
+            found[key] = value.float()
+    return found
 
 
 def target_gradient(observation: Observation, device: torch.device) -> dict[str, torch.Tensor]:

@@ -36,7 +36,10 @@ from torch.func import functional_call, vmap
 
 from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.gradients import (
+    BatchNormKnowledge,
     batch_gradient,
+    batchnorm_targets,
+    batchnorm_view,
     local_steps_taken,
     soft_cross_entropy,
     target_gradient,
@@ -44,8 +47,9 @@ from fedsim.attacks.gradients import (
 )
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
+from fedsim.core import protocol
 from fedsim.core.config import require
-from fedsim.core.models import SplitNet
+from fedsim.core.models import SplitNet, recording_batch_statistics
 from fedsim.core.seeds import SeedStream, derive_seed
 
 OptimizerName = Literal["lbfgs", "adamw"]
@@ -87,6 +91,18 @@ class MatchingParams:
         ``joint``: optimise soft labels with the images (DLG). ``infer``: read
         them from the last layer's gradient first (iDLG at batch 1, counting
         for batches; see :mod:`fedsim.attacks.labels`) and keep them fixed.
+    signed_gradient:
+        AdamW steps on the sign of the objective's gradient (Inverting Gradients).
+    step_decay:
+        AdamW's learning rate drops tenfold at 3/8, 5/8 and 7/8 of the steps.
+    batchnorm:
+        What the attacker knows of the victim's BatchNorm statistics:
+        ``none``, ``buffers`` or ``known`` (see
+        :data:`~fedsim.attacks.gradients.BatchNormKnowledge`).
+    batchnorm_weight:
+        Weight of the prior ``sum_l ||mu_l(x') - mu_l|| + ||var_l(x') - var_l||``
+        pulling the dummy's BatchNorm statistics to the believed ones
+        (DeepInversion's form; not tuned here).
     """
 
     paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 300, "adamw": 20_000}
@@ -102,6 +118,10 @@ class MatchingParams:
     dummy_constant: float = 0.5
     clamp: Literal["off", "step", "iteration"] = "off"
     labels: Literal["joint", "infer"] = "joint"
+    signed_gradient: bool = False
+    step_decay: bool = False
+    batchnorm: BatchNormKnowledge = "none"
+    batchnorm_weight: float = 0.01
 
     def __post_init__(self) -> None:
         require(self.restarts >= 1, "restarts", self.restarts, "must be >= 1")
@@ -112,6 +132,9 @@ class MatchingParams:
         )
         require(self.history_size >= 1, "history-size", self.history_size, "must be >= 1")
         require(self.weight_decay >= 0, "weight-decay", self.weight_decay, "must be >= 0")
+        require(
+            self.batchnorm_weight >= 0, "batchnorm-weight", self.batchnorm_weight, "must be >= 0"
+        )
         require(
             0 <= self.dummy_constant <= 1,
             "dummy-constant",
@@ -137,11 +160,14 @@ class LocalSchedule:
     lr: float
     steps: int  # optimiser steps the client took
     batch_size: int
+    proximal_mu: float = 0.0  # FedProx's (mu/2)||w - w_global||^2, sent in the config
 
     @classmethod
     def of(cls, observation: Observation) -> LocalSchedule:
         cfg = observation.train_config
-        return cls(cfg.lr, local_steps_taken(observation), cfg.batch_size)
+        sent = observation.extras.get(protocol.CONFIG, {})
+        mu = float(sent.get(protocol.PROXIMAL_MU, 0.0))
+        return cls(cfg.lr, local_steps_taken(observation), cfg.batch_size, mu)
 
 
 @dataclass(frozen=True)
@@ -163,6 +189,8 @@ class MatchingProblem:
     image_shape: tuple[int, int, int, int]  # (B, C, H, W)
     num_classes: int
     schedule: LocalSchedule
+    shared_kind: str  # "gradient" (a probe) or "update" (a client's reply)
+    batchnorm: str  # how the attacker's model normalises (gradients.batchnorm_view)
 
 
 def layer_depths(model: SplitNet, names: Sequence[str]) -> list[int]:
@@ -245,6 +273,32 @@ class GradientMatchingAttack(Attack):
         """Recover the victim's batch from ``observation`` alone."""
         return self.reconstruct_many([observation], seed)[0]
 
+    def fidelity_residual(
+        self, observation: Observation, images: torch.Tensor, labels: torch.Tensor, seed: int = 0
+    ) -> float:
+        """How well this attack models the client: ``||simulated - observed|| / ||observed||``.
+
+        ``simulated`` is :meth:`simulated_gradient` on the given batch
+        (``images`` in pixel space [0, 1], ``labels`` ``(B,)``), ``observed``
+        the gradient the attack matches; both over every shared layer. With
+        the victim's true batch it is zero (up to float rounding) exactly
+        when the attack's model of the client is right; a defence's noise, a
+        private extractor the attacker only estimates, or an unknown batch
+        order shows up here. The caller holds the truth and passes it in:
+        no attack ever receives it through an observation.
+        """
+        problem = self.build_problem([observation], seed, infer=False)
+        params = {k: v[0] for k, v in problem.params.items()}
+        x = observation.normalization.to_model(images.to(self.device, torch.float32))
+        y = F.one_hot(labels.to(self.device).long(), problem.num_classes).float()
+        simulated = self.simulated_gradient(problem, params, x, y, functional=False)
+        observed = [t[0] for t in problem.target]
+        difference = sum(
+            float((s.detach() - o).square().sum()) for s, o in zip(simulated, observed, strict=True)
+        )
+        scale = sum(float(o.square().sum()) for o in observed)
+        return (difference / scale) ** 0.5 if scale > 0 else float("inf")
+
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0
     ) -> list[Reconstruction]:
@@ -272,24 +326,34 @@ class GradientMatchingAttack(Attack):
                 results[i] = rec
         return [r for r in results if r is not None]
 
-    def build_problem(self, observations: Sequence[Observation], seed: int) -> MatchingProblem:
-        """The batched problem of ``observations`` (one group of :meth:`reconstruct_many`)."""
+    def build_problem(
+        self, observations: Sequence[Observation], seed: int, infer: bool = True
+    ) -> MatchingProblem:
+        """The batched problem of ``observations`` (one group of :meth:`reconstruct_many`).
+
+        ``infer=False`` skips label inference (the caller brings labels).
+        """
         first = observations[0]
+        knowledge = self.params.batchnorm
         model, _ = victim_model(first, self.device, seed)
         names = list(first.shared)
         depths = layer_depths(model, names)
         per_victim_params, targets, constants, labels, extras = [], [], [], [], []
         spec = first.input_spec
+        inferring = infer and self.params.labels == "infer"
         for obs in observations:
             _, params = victim_model(obs, self.device, seed)
             target = target_gradient(obs, self.device)
             per_victim_params.append(params)
             targets.append([target[n].float() for n in names])
             constants.append(self.distance_constants(targets[-1], depths))
-            found = infer_labels(obs, self.device) if self.params.labels == "infer" else None
+            found = infer_labels(obs, self.device) if inferring else None
             if found is not None:
                 labels.append(F.one_hot(found, spec.num_classes).float())
-            extras.append(self.victim_extras(obs, found, seed))
+            if infer:
+                believed = batchnorm_targets(obs, model, knowledge)
+                prior = {f"{BATCHNORM_PRIOR}{k}": v.to(self.device) for k, v in believed.items()}
+                extras.append({**self.victim_extras(obs, found, seed), **prior})
 
         def stack(items: list[list[torch.Tensor]]) -> list[torch.Tensor]:
             return [torch.stack(column) for column in zip(*items, strict=True)]
@@ -307,11 +371,13 @@ class GradientMatchingAttack(Attack):
             shared_model=same,
             target=stack(targets),
             constants=stack(constants) if constants[0] else [],
-            extras={k: torch.stack([e[k] for e in extras]) for k in extras[0]},
+            extras={k: torch.stack([e[k] for e in extras]) for k in extras[0]} if extras else {},
             labels=torch.stack(labels) if labels else None,
             image_shape=(first.num_examples, spec.channels, spec.image_size, spec.image_size),
             num_classes=spec.num_classes,
             schedule=LocalSchedule.of(first),
+            shared_kind=first.shared_kind,
+            batchnorm=batchnorm_view(first, knowledge),
         )
 
     def problem_objective(self, problem: MatchingProblem, functional: bool) -> Any:
@@ -321,7 +387,16 @@ class GradientMatchingAttack(Attack):
             dummy = self.simulated_gradient(problem, params, x, y, functional)
             value = self.distance(dummy, target, constants)
             extra = self.extra_objective(problem, params, extras, x, y)
-            return value if extra is None else value + extra
+            value = value if extra is None else value + extra
+            believed = {
+                k[len(BATCHNORM_PRIOR) :]: v
+                for k, v in extras.items()
+                if k.startswith(BATCHNORM_PRIOR)
+            }
+            if believed:
+                prior = batchnorm_prior(problem.model, params, x, believed)
+                value = value + self.params.batchnorm_weight * prior
+            return value
 
         return objective
 
@@ -369,7 +444,16 @@ class GradientMatchingAttack(Attack):
         p = self.params
         inner = bounds if p.clamp == "iteration" else None
         if p.optimizer == "adamw":
-            return BatchedAdamW(z, inner, lr=p.learning_rate, weight_decay=p.weight_decay)
+            steps = p.step_count
+            decay = [steps * k // 8 for k in (3, 5, 7)] if p.step_decay else []
+            return BatchedAdamW(
+                z,
+                inner,
+                lr=p.learning_rate,
+                weight_decay=p.weight_decay,
+                signed=p.signed_gradient,
+                milestones=decay,
+            )
         return BatchedLBFGS(
             z, inner, lr=p.learning_rate, max_iter=p.lbfgs_iterations, history_size=p.history_size
         )
@@ -443,6 +527,7 @@ class GradientMatchingAttack(Attack):
                         "diverged_restarts": int(optimizer.diverged.view(victims, -1)[v].sum()),
                         "evaluations": optimizer.evaluations.view(victims, -1)[v].tolist(),
                         "labels": "joint" if group.labels is None else label_method(obs),
+                        "batchnorm": group.batchnorm,
                         "batched_problems": victims * restarts,
                     },
                 )
@@ -472,6 +557,62 @@ class GradientMatchingAttack(Attack):
             restarts=self.params.restarts,
             **fields,
         )
+
+
+BATCHNORM_PRIOR = "batchnorm-prior:"
+"""Prefix of the believed BatchNorm statistics among a problem's per-victim extras."""
+
+
+def batchnorm_prior(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    believed: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """``sum_l ||mu_l(x) - mu_l|| + ||var_l(x) - var_l||`` over BatchNorm inputs (biased var).
+
+    ``believed`` is keyed like :func:`fedsim.core.models.batch_statistics`.
+    """
+    with recording_batch_statistics(model) as found:
+        functional_call(model, params, (x,))
+    return torch.stack([(found[k] - v).norm() for k, v in believed.items()]).sum()
+
+
+def require_replayable(observation: Observation, attack: str) -> None:
+    """Refuse an observation whose local training :func:`replay_local_training` cannot replay."""
+    cfg = observation.train_config
+    if observation.shared_kind != "update":
+        raise ValueError(f"{attack} replays updates; this observation holds gradients")
+    if cfg.optimizer != "sgd" or cfg.momentum or cfg.weight_decay:
+        raise ValueError(
+            f"{attack} replays plain SGD; the client used "
+            f"optimizer={cfg.optimizer!r}, momentum={cfg.momentum}, "
+            f"weight-decay={cfg.weight_decay}"
+        )
+
+
+def replay_local_training(
+    problem: MatchingProblem, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+) -> list[torch.Tensor]:
+    """``(w_global - w_K) / (lr K)`` after replaying the client's ``K`` local SGD steps.
+
+    The client's batch order is private: dummy images ``[kB, (k+1)B)`` form
+    step ``k`` (wrapping around for several epochs, whose reshuffles the
+    attacker cannot know). FedProx's proximal gradient ``mu (w - w_global)``
+    is added at every step. Differentiable in ``x`` and ``y`` with
+    ``torch.func`` (works under ``vmap``).
+    """
+    names, schedule = problem.names, problem.schedule
+    lr, batch, mu = schedule.lr, schedule.batch_size, schedule.proximal_mu
+    start = {n: params[n] for n in names}
+    fixed = {n: p for n, p in params.items() if n not in start}
+    grad = torch.func.grad(model_loss(problem.model))
+    weights = start
+    for step in range(schedule.steps):
+        lo = (step * batch) % len(x)
+        grads = grad(weights, fixed, x[lo : lo + batch], y[lo : lo + batch])
+        weights = {n: weights[n] - lr * (grads[n] + mu * (weights[n] - start[n])) for n in names}
+    return [(start[n] - weights[n]) / (lr * schedule.steps) for n in names]
 
 
 def model_loss(model: nn.Module) -> Any:

@@ -13,7 +13,8 @@ as its own problem. Both optimisers here do:
   the same direction with a handful of batched matrix products instead of
   ``4 * history`` small vector operations.
 - :class:`BatchedAdamW` wraps ``torch.optim.AdamW``, which is element-wise and
-  therefore already row-independent.
+  therefore already row-independent; optionally on the gradient's sign with a
+  step-decayed learning rate (Inverting Gradients' optimiser).
 
 A row whose objective or gradient is not finite has diverged: it stops, is
 put back to its last finite point, and reports an infinite objective, so a
@@ -23,7 +24,7 @@ restart that blew up is never the one an attack keeps.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -219,7 +220,13 @@ class BatchedLBFGS(BatchedOptimizer):
 
 
 class BatchedAdamW(BatchedOptimizer):
-    """``torch.optim.AdamW`` on the rows of ``z`` (element-wise, so rows are independent)."""
+    """``torch.optim.AdamW`` on the rows of ``z`` (element-wise, so rows are independent).
+
+    ``signed``: step on the sign of the gradient (Geiping et al. 2020: robust
+    to the tiny, badly scaled gradients of cosine matching). ``milestones``:
+    step counts at which the learning rate is multiplied by ``decay``
+    (``torch.optim.lr_scheduler.MultiStepLR``).
+    """
 
     def __init__(
         self,
@@ -227,18 +234,27 @@ class BatchedAdamW(BatchedOptimizer):
         bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
+        signed: bool = False,
+        milestones: Sequence[int] = (),
+        decay: float = 0.1,
     ) -> None:
         super().__init__(z, bounds)
         # The gradient comes from the objective, so z itself needs no autograd:
         # AdamW only reads ``z.grad``.
         self.optimizer = torch.optim.AdamW([self.z], lr=lr, weight_decay=weight_decay)
+        self.signed = signed
+        self.schedule = torch.optim.lr_scheduler.MultiStepLR(
+            self.optimizer, milestones=list(milestones), gamma=decay
+        )
 
     def step(self, objective: Objective) -> torch.Tensor:
         """One AdamW update per live row."""
         live = self.evaluate(objective, ~self.diverged)
-        self.z.grad = torch.where(live[:, None], self.grad, torch.zeros_like(self.grad))
+        grad = self.grad.sign() if self.signed else self.grad
+        self.z.grad = torch.where(live[:, None], grad, torch.zeros_like(grad))
         frozen = self.z[~live].clone()
         self.optimizer.step()
+        self.schedule.step()
         self.z[~live] = frozen  # weight decay must not move a stopped row
         if self.bounds is not None:
             self.project(*self.bounds)

@@ -8,7 +8,8 @@ flatten and ends with the logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -190,6 +191,87 @@ def init_xavier_normal(model: nn.Module) -> None:
         nn.init.xavier_normal_(layer.weight, gain=1.0)
         if layer.bias is not None:
             nn.init.zeros_(layer.bias)
+
+
+def batchnorm_layers(model: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
+    """The model's BatchNorm layers by module name."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+    }
+
+
+@contextmanager
+def recording_batch_statistics(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """While open, every forward records what each BatchNorm layer's input has.
+
+    Keyed like the layers' buffers: ``<layer>.running_mean`` (the batch
+    mean per channel) and ``<layer>.running_var`` (the biased batch
+    variance); differentiable, as the forward that computed them.
+    """
+    found: dict[str, torch.Tensor] = {}
+
+    def record(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            dims = [d for d in range(args[0].dim()) if d != 1]
+            found[f"{name}.running_mean"] = args[0].mean(dim=dims)
+            found[f"{name}.running_var"] = args[0].var(dim=dims, unbiased=False)
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(record(n)) for n, m in batchnorm_layers(model).items()]
+    try:
+        yield found
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def batch_statistics(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What each BatchNorm layer normalises ``inputs`` with in a train-mode forward.
+
+    Keyed like the layers' buffers (see :func:`recording_batch_statistics`),
+    so an eval-mode forward with these as buffers gives the train-mode
+    forward's outputs. The model's buffers and mode are left as they were.
+    """
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    was_training = model.training
+    try:
+        model.train()
+        with torch.no_grad(), recording_batch_statistics(model) as found:
+            model(inputs)
+    finally:
+        model.load_state_dict(saved)
+        model.train(was_training)
+    return dict(found)
+
+
+def batchnorm_counts(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]:
+    """Values each BatchNorm layer averages per channel for inputs of ``input_shape``.
+
+    A layer's running variance is the unbiased batch variance: reading it
+    back as the biased one needs this count.
+    """
+    counts: dict[str, int] = {}
+
+    def record(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            counts[name] = args[0].numel() // args[0].shape[1]
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(record(n)) for n, m in batchnorm_layers(model).items()]
+    was_training = model.training
+    try:
+        model.eval()  # no buffer changes; the shapes are the same in both modes
+        with torch.no_grad():
+            model(torch.zeros(input_shape, device=next(model.parameters()).device))
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return counts
 
 
 def build_loaded_model(

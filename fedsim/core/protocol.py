@@ -44,6 +44,9 @@ DP_EPSILON = "dp-epsilon"  # DP-SGD's epsilon spent so far
 GAN_D_LOSS = "gan-d-loss"
 GAN_G_LOSS = "gan-g-loss"
 
+# -- what an Observation carries besides the shared parameters ------------------
+BATCH_STATISTICS = "batch-statistics"  # the victim batch's BatchNorm statistics (bn "known")
+
 # -- parameter-name prefixes: what a split model shares -------------------------
 EXTRACTOR = "extractor."
 CLASSIFIER = "classifier."
@@ -131,6 +134,11 @@ class AuditRecord:
     seconds: float
     wall_seconds: float
     attack_params: str
+    # How the attack's model normalised BatchNorm layers (gradients.batchnorm_view).
+    batchnorm: str
+    # ||simulated - intercepted|| / ||intercepted|| on the true batch (engine.audit.fidelity).
+    fidelity_residual: float
+    fidelity_note: str  # why the residual is large ("" when the attack's model is exact)
     device: str = "cpu"  # where the attack ran ("cpu" or the GPU's name)
     gpu_seconds: float = 0.0  # its share of the task's time holding a GPU
     peak_gpu_mb: float = 0.0  # the task's peak GPU memory (MiB)

@@ -40,21 +40,26 @@ class Registry(Generic[T]):
         self._packages = packages
         self._entries: dict[str, T] = {}
         self._descriptions: dict[str, str] = {}
+        self._aliases: dict[str, str] = {}
         self._discovered = False
 
-    def register(self, name: str, description: str = "") -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name``.
+    def register(
+        self, name: str, description: str = "", aliases: tuple[str, ...] = ()
+    ) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name`` (and short ``aliases`` for it).
 
         ``description``: one line for ``fedsim list``; without one, the first
         line of ``obj``'s docstring (or its class's, for an instance) is used.
         """
 
         def decorator(obj: T) -> T:
-            if name in self._entries and self._entries[name] is not obj:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            for key in (name, *aliases):
+                if self._lookup(key) not in (None, obj):
+                    raise ValueError(f"{self.kind} {key!r} is registered twice")
             self._entries[name] = obj
             doc = (getattr(obj, "__doc__", None) or "").strip()
             self._descriptions[name] = description or (doc.splitlines() or [""])[0]
+            self._aliases.update(dict.fromkeys(aliases, name))
             return obj
 
         return decorator
@@ -62,7 +67,10 @@ class Registry(Generic[T]):
     def describe(self, name: str) -> str:
         """The one-line description of ``name`` ("" if it has none)."""
         self.get(name)
-        return self._descriptions[name]
+        return self._descriptions[self._aliases.get(name, name)]
+
+    def _lookup(self, name: str) -> T | None:
+        return self._entries.get(self._aliases.get(name, name))
 
     def _discover(self) -> None:
         if self._discovered:
@@ -77,21 +85,32 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """Return the component called ``name`` or raise a clear error."""
         self._discover()
-        try:
-            return self._entries[name]
-        except KeyError:
+        found = self._lookup(name)
+        if found is None:
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}"
-            ) from None
+                + (f" (aliases: {', '.join(sorted(self._aliases))})" if self._aliases else "")
+            )
+        return found
+
+    def canonical(self, name: str) -> str:
+        """The name ``name`` is registered under (itself unless it is an alias)."""
+        self.get(name)
+        return self._aliases.get(name, name)
 
     def names(self) -> list[str]:
-        """Registered names, sorted."""
+        """Registered names, sorted (without aliases)."""
         self._discover()
         return sorted(self._entries)
 
+    def aliases(self) -> dict[str, str]:
+        """Alias -> the name it stands for."""
+        self._discover()
+        return dict(self._aliases)
+
     def __contains__(self, name: object) -> bool:
         self._discover()
-        return name in self._entries
+        return isinstance(name, str) and self._lookup(name) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -30,7 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,8 @@ from fedsim.core.protocol import AuditRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
-from fedsim.engine.audit.observe import ServerView, observe_reply
+from fedsim.engine.audit.fidelity import fidelity_residual, residual_note
+from fedsim.engine.audit.observe import ServerView, observe_reply, reveal_batch_statistics
 from fedsim.engine.figures import draw_pairs, scored_pairs
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.progress import AttackProgressLines, board_reporter, start_board
@@ -128,6 +129,16 @@ class _Job:
     @property
     def clients(self) -> str:
         return "client " + "/".join(str(v.client) for v in self.victims)
+
+
+def _as_seen_by(attack: ComponentConfig, victim: _Victim) -> _Victim:
+    """The victim as ``attack`` observes it: an attack with ``batchnorm = "known"``
+    is granted the batch statistics (its premise), no other attack is."""
+    if victim.truth is not None and attack.params.get("batchnorm") == "known":
+        return replace(
+            victim, observation=reveal_batch_statistics(victim.observation, victim.truth)
+        )
+    return victim
 
 
 class Auditor:
@@ -222,11 +233,15 @@ class Auditor:
             targets.append(_Victim(partition, observation, truth))
         tasks = min(len(targets), self.cfg.workers)
         for attack in self.cfg.attacks:
+            seen = [_as_seen_by(attack, victim) for victim in targets]
             for first in range(tasks):
-                self._submit(_Job(server_round, attack, targets[first::tasks], 0.0))
+                self._submit(_Job(server_round, attack, seen[first::tasks], 0.0))
+
+    def _seed(self, server_round: int) -> int:
+        return derive_seed(SeedStream.AUDIT_ATTACK, self.cfg.seed, server_round)
 
     def _submit(self, job: _Job) -> None:
-        seed = derive_seed(SeedStream.AUDIT_ATTACK, self.cfg.seed, job.round)
+        seed = self._seed(job.round)
         options: dict[str, Any] = {
             "num_cpus": self.cfg.threads_per_attack,
             "num_gpus": self.cfg.num_gpus,
@@ -330,9 +345,13 @@ class Auditor:
     def _record(self, job: _Job, victim: _Victim, rec: Reconstruction, use: DeviceUse) -> None:
         obs = victim.observation
         truth = victim.truth
-        score = None
+        score, residual = None, math.nan
         if truth is not None:
             score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
+            # The task's seed: a victim batched with others may have drawn other
+            # random estimates (of private layers only), which the residual shows anyway.
+            residual = fidelity_residual(job.attack, obs, truth, self._seed(job.round))
+        batchnorm = str(rec.details.get("batchnorm", "not-modelled"))
         record = AuditRecord(
             round=job.round,
             client=victim.client,
@@ -353,6 +372,9 @@ class Auditor:
             seconds=rec.seconds,
             wall_seconds=time.perf_counter() - job.submitted,
             attack_params=repr(job.attack.params),
+            batchnorm=batchnorm,
+            fidelity_residual=residual,
+            fidelity_note=residual_note(residual, job.attack, obs, batchnorm),
             device=use.device,
             gpu_seconds=use.gpu_seconds,
             peak_gpu_mb=use.peak_gpu_mb,

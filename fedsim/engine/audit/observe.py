@@ -5,10 +5,16 @@ the architecture: reply arrays whose names are model parameters go into
 ``shared``; anything else a strategy uploads (FedCG's ``generator.*``) goes
 into ``extras["uploads"]`` and what the server sent besides the model into
 ``extras["sent"]``; ``extras["config"]`` is the whole public train config.
+BatchNorm running buffers are not parameters: the server sees them in
+``uploads`` exactly when the strategy uploads them (FedAvg and FedProx send
+the whole state dict; FedSplit keeps the extractor's, hence its BatchNorm
+layers', private), and what it sent in ``sent``; the attack's
+``batchnorm`` knowledge decides how it uses them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -19,8 +25,9 @@ from fedsim.attacks.base import Observation, ThreatModel
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ModelConfig
 from fedsim.core.data import Normalization
-from fedsim.core.models import InputSpec, build_model
+from fedsim.core.models import InputSpec, batch_statistics, build_model
 from fedsim.core.training import examples_touched
+from fedsim.core.truth import GroundTruth
 
 
 @dataclass(frozen=True)
@@ -94,4 +101,22 @@ def observe_reply(
             "uploads": uploads,
             "sent": {k: v for k, v in sent.items() if k not in names},
         },
+    )
+
+
+def reveal_batch_statistics(observation: Observation, truth: GroundTruth) -> Observation:
+    """``observation`` plus the victim batch's BatchNorm statistics (the ``known`` attacker).
+
+    A deliberately stronger threat model (Huang et al. 2021): the statistics
+    each BatchNorm layer used in a train-mode forward of the true batch at the
+    sent model. Only an attack configured with ``batchnorm = "known"`` gets
+    them, and its audit rows say ``known-batch``.
+    """
+    model = build_model(observation.model, observation.input_spec)
+    state = {**observation.global_params, **observation.extras.get("sent", {})}
+    model.load_state_dict(state, strict=False)
+    inputs = observation.normalization.to_model(truth.images.float())
+    stats = batch_statistics(model, inputs)
+    return dataclasses.replace(
+        observation, extras={**observation.extras, protocol.BATCH_STATISTICS: stats}
     )

@@ -1,0 +1,79 @@
+"""The fidelity residual: does an attack's model of the client explain what was uploaded?
+
+The scorer holds the victim's true batch. Feeding it through the attack's own
+model of the client (its ``simulated_gradient``, with the schedule, BatchNorm
+knowledge and estimated private layers the attack would use) and comparing
+with what the server intercepted gives
+
+    residual = ||simulated - intercepted|| / ||intercepted||
+
+(both in gradient orientation, over every shared layer). Near zero (float
+rounding, below 1e-5 here) the attack optimises against an exact model: a
+failed reconstruction is the optimiser's fault, not the model's. A large
+residual says the target is unreachable even with the true images, and
+:func:`residual_note` names the likely cause. The truth goes to the attack's
+public :meth:`~fedsim.attacks.matching.GradientMatchingAttack.fidelity_residual`
+as an explicit argument here, on the driver side, after the attack has run:
+never through an :class:`~fedsim.attacks.base.Observation`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Observation
+from fedsim.attacks.gradients import local_steps_taken
+from fedsim.attacks.matching import GradientMatchingAttack
+from fedsim.core.config import ComponentConfig, component_params
+from fedsim.core.models import build_model
+from fedsim.core.truth import GroundTruth
+
+MATCHED = 1e-4
+"""Residuals at or below this count as an exact model (float32 rounding is ~1e-7..1e-6)."""
+
+
+def fidelity_residual(
+    attack: ComponentConfig, observation: Observation, truth: GroundTruth, seed: int
+) -> float:
+    """The attack's residual on the true batch; NaN for attacks without a model of the client."""
+    attack_cls = ATTACKS.get(attack.name)
+    if not issubclass(attack_cls, GradientMatchingAttack):
+        return math.nan  # e.g. GRNN: its generator, not a client model, produces the dummy
+    instance = attack_cls(component_params(attack_cls, attack, "audit.attacks"))
+    with torch.no_grad():
+        images, labels = truth.images.float(), truth.labels.long()
+    return instance.fidelity_residual(observation, images, labels, seed)
+
+
+def residual_note(
+    residual: float, attack: ComponentConfig, observation: Observation, batchnorm: str
+) -> str:
+    """Why the residual is large, from what the record knows ("" when it is not)."""
+    if math.isnan(residual) or residual <= MATCHED:
+        return ""
+    attack_cls = ATTACKS.get(attack.name)
+    params = component_params(attack_cls, attack, "audit.attacks")
+    cfg = observation.train_config
+    steps = local_steps_taken(observation)
+    unrolls = getattr(params, "unroll", False) or attack.name == "unrolled-dlg"
+    model = build_model(observation.model, observation.input_spec)
+    if any(n not in observation.global_params for n, _ in model.named_parameters()):
+        return "private layers (an extractor): the attack uses a random estimate of them"
+    if observation.shared_kind == "update" and steps > 1 and not unrolls:
+        return f"{steps}-step update read as one gradient step"
+    reshuffled = cfg.local_steps == 0 and cfg.local_epochs > 1
+    if (
+        reshuffled
+        and observation.shared_kind == "update"
+        and observation.num_examples > cfg.batch_size
+    ):
+        return "later epochs reshuffle batches the attacker cannot order"
+    if batchnorm == "batch-of-dummy":
+        return "BatchNorm statistics unknown to the attacker"
+    return (
+        "the upload is not the modelled client's plain training: a client-side "
+        "defence (noise, clipping, DP-SGD) or an unreplayed optimiser changed it"
+    )
