@@ -7,6 +7,7 @@ export RAY_DEDUP_LOGS ?= 0
 export FLWR_TELEMETRY_ENABLED ?= 0
 
 FMNIST := /usr/share/datasets/fashion-mnist
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: install demo test lint lock fmnist chromium
 
@@ -23,7 +24,7 @@ demo: install
 # Full Fashion-MNIST from Debian, for the scenarios/fmnist4-*.toml runs.
 fmnist: $(FMNIST)/train-images-idx3-ubyte.gz
 $(FMNIST)/train-images-idx3-ubyte.gz:
-	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q dataset-fashion-mnist
+	$(SUDO) apt-get install -y -q dataset-fashion-mnist
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -33,7 +34,8 @@ lint: install
 # Headless Chromium for the report's browser test (Debian's package), once.
 chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
-	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -q chromium
+	  { $(SUDO) apt-get install -y -q chromium || \
+	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }; }
 
 test: lint chromium
 	$(VENV)/bin/pytest -q
