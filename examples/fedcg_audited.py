@@ -33,7 +33,7 @@ from fedsim.core.gan import GanSplitNet, build_gan_split_net
 from fedsim.core.models import InputSpec
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import client_config_record
-from fedsim.engine.audit.auditor import AUDIT_RESOURCE, Auditor
+from fedsim.engine.audit.auditor import Auditor
 from fedsim.engine.audit.observe import ServerView
 from fedsim.engine.audit.wrapper import AuditedStrategy
 from fedsim.strategies.fedcg import FedCG
@@ -95,15 +95,21 @@ def client_app() -> ClientApp:
 
 
 def run(run_dir: Path, rounds: int = 2, distill_iterations: int = 20) -> None:
-    """Simulate the app with Flower's Ray engine; the audit gets its own Ray resource."""
+    """Simulate the app with Flower's Ray engine, leaving the audit a CPU.
+
+    Flower starts one client actor per ``client_resources`` share of Ray's CPUs
+    and keeps them: 3 CPUs at 2 per actor give one actor and one free CPU, on
+    which the attack tasks (1 CPU each) run. Without a free CPU a sync audit
+    would wait for ever.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     run_simulation(
         server_app=server_app(run_dir, rounds, distill_iterations),
         client_app=client_app(),
         num_supernodes=CLIENTS,
         backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0},
-            "init_args": {"num_cpus": CLIENTS, "num_gpus": 0, "resources": {AUDIT_RESOURCE: 1}},
+            "client_resources": {"num_cpus": 2, "num_gpus": 0},
+            "init_args": {"num_cpus": 3, "num_gpus": 0},
         },
     )
 

@@ -39,6 +39,7 @@ import ray
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from rich.console import Console
+from torchvision.utils import save_image
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
@@ -381,13 +382,16 @@ class Auditor:
         )
         folder = self.run_dir / AUDIT_IMAGES
         folder.mkdir(exist_ok=True)
+        image = folder / audit_image_name(job.round, victim.client, job.attack.name)
         if truth is not None and score is not None:
             draw_pairs(
-                folder / audit_image_name(job.round, victim.client, job.attack.name),
+                image,
                 scored_pairs(truth.images, truth.labels, rec.images, rec.labels, score),
                 f"round {job.round}, client {victim.client}: {job.attack.name} "
                 f"({obs.threat_model}), label acc. {score.label_accuracy:.0%}",
             )
+        else:  # nothing to pair with: the reconstructions alone, in one row
+            save_image(rec.images.detach().cpu().clamp(0, 1), image, nrow=len(rec.images))
         with self._lock:
             self.rows.append(record.to_row())
             self._write_rows()
