@@ -238,6 +238,14 @@ class Auditor:
             for first in range(tasks):
                 self._submit(_Job(server_round, attack, seen[first::tasks], 0.0))
 
+    def _label(self, attack: ComponentConfig) -> str:
+        """The attack's name, numbered by its place in ``audit.attacks`` when the
+        name occurs more than once (e.g. one attack under several threat models)."""
+        names = [a.name for a in self.cfg.attacks]
+        if names.count(attack.name) == 1:
+            return attack.name
+        return f"{attack.name}-{self.cfg.attacks.index(attack) + 1}"
+
     def _seed(self, server_round: int) -> int:
         return derive_seed(SeedStream.AUDIT_ATTACK, self.cfg.seed, server_round)
 
@@ -256,7 +264,7 @@ class Auditor:
         job.submitted = time.perf_counter()
         if self._board is None:
             self._board = start_board()
-        key = f"audit round {job.round}: {job.attack.name} on {job.clients}"
+        key = f"audit round {job.round}: {self._label(job.attack)} on {job.clients}"
         self._progress_lines[key] = AttackProgressLines(self.console, key)
         ref = _remote_attack.options(**options).remote(
             job.attack,
@@ -334,7 +342,7 @@ class Auditor:
                 continue
             last_line = time.perf_counter()
             names = ", ".join(
-                f"{j.attack.name} on {j.clients} (round {j.round})" for j in still[:4]
+                f"{self._label(j.attack)} on {j.clients} (round {j.round})" for j in still[:4]
             )
             self.console.print(
                 f"  audit: waiting for {len(still)} attack task(s): "
@@ -353,11 +361,12 @@ class Auditor:
             # random estimates (of private layers only), which the residual shows anyway.
             residual = fidelity_residual(job.attack, obs, truth, self._seed(job.round))
         batchnorm = str(rec.details.get("batchnorm", "not-modelled"))
+        label = self._label(job.attack)
         record = AuditRecord(
             round=job.round,
             client=victim.client,
             strategy=obs.strategy,
-            attack=job.attack.name,
+            attack=label,
             threat_model=obs.threat_model,
             shared_kind=obs.shared_kind,
             parameters_observed=sum(t.numel() for t in obs.shared.values()),
@@ -382,12 +391,12 @@ class Auditor:
         )
         folder = self.run_dir / AUDIT_IMAGES
         folder.mkdir(exist_ok=True)
-        image = folder / audit_image_name(job.round, victim.client, job.attack.name)
+        image = folder / audit_image_name(job.round, victim.client, label)
         if truth is not None and score is not None:
             draw_pairs(
                 image,
                 scored_pairs(truth.images, truth.labels, rec.images, rec.labels, score),
-                f"round {job.round}, client {victim.client}: {job.attack.name} "
+                f"round {job.round}, client {victim.client}: {label} "
                 f"({obs.threat_model}), label acc. {score.label_accuracy:.0%}",
             )
         else:  # nothing to pair with: the reconstructions alone, in one row
@@ -401,7 +410,7 @@ class Auditor:
             else "unscored (no truth source)"
         )
         self.console.print(
-            f"  audit round {job.round}: {job.attack.name} on client {victim.client} "
+            f"  audit round {job.round}: {label} on client {victim.client} "
             f"({obs.threat_model}): {scored} ({record.seconds:.1f}s)"
         )
 
