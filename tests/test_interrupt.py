@@ -25,7 +25,7 @@ from fedsim.engine.lifecycle import (
     reap_orphans,
 )
 from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import METRICS_FILE
+from fedsim.engine.results import METRICS_FILE, unlock_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 # Many short rounds: the run is still going whenever the test signals it.
@@ -105,6 +105,7 @@ def test_sigint_stops_and_resume_then_sigkill_leaves_nothing(tmp_path: Path) -> 
     # Measured 2-6 s on a busy 2-core machine (a round end, then Ray's shutdown).
     assert stopped_after < 30
     _, checkpoint = open_resume(run_dir)
+    unlock_run_dir(run_dir)  # opening took the folder's lock for this process: the resume needs it
     assert checkpoint.round == _rounds_done(run_dir) >= 1
     assert not _alive(ray_processes)
     assert not session_file.exists()

@@ -3,7 +3,6 @@ sweep; every section is in the DOM, every image decoded, and a screenshot is sav
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from test_compare import FakeRuns, _configs
 from fedsim.cli import main
 from fedsim.core.config import load_scenario
 from fedsim.engine.compare import run_sweep
+from fedsim.engine.resources import RESOURCES_FILE
 from fedsim.engine.results import AUDIT_IMAGES, REPORT_FILE
 from fedsim.engine.runner import run_scenario
 
@@ -48,8 +48,8 @@ def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) ->
     run_dir = tmp_path / "run"
     run_scenario(scenario, run_dir, console=Console(quiet=True))
     assert (run_dir / REPORT_FILE).is_file()  # written by the run itself
-    # A resource plan (issue 13's runner writes one) appears once `fedsim report` rewrites.
-    (run_dir / "plan.json").write_text(json.dumps({"client-actors": 2}))
+    assert (run_dir / RESOURCES_FILE).is_file()  # the resource plan, shown in the report
+    (run_dir / REPORT_FILE).unlink()
     assert main(["report", str(run_dir)]) == 0
     spec, configs = _configs(tmp_path)
     run_sweep(spec, configs, tmp_path / "sweep", Console(quiet=True), FakeRuns())
@@ -62,7 +62,7 @@ def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) ->
     # curves, audit curves, then one labelled grid per audited round
     assert len(run["images"]) == 2 + 2
     assert all(width > 0 and height > 0 for _, width, height in run["images"])
-    assert run["headings"][-3:] == ["Round 1", "Round 2", "plan.json"]
+    assert run["headings"][-3:] == ["Round 1", "Round 2", RESOURCES_FILE]
     assert len(list((run_dir / AUDIT_IMAGES).glob("*.png"))) == 2
     assert sweep["sections"] == SWEEP_SECTIONS
     assert [alt for alt, width, _ in sweep["images"] if width > 0] == [

@@ -17,6 +17,7 @@ from fedsim.engine.results import (
     AUDIT_FILE,
     AUDIT_IMAGES,
     CHECKPOINT_DIR,
+    LOCK_FILE,
     METRICS_FILE,
     SCENARIO_FILE,
     SUMMARY_FILE,
@@ -52,7 +53,8 @@ def test_force_clears_every_run_file_and_keeps_others(
 
     run_dir = new_run_dir(scenario_from_dict(quick_scenario_table), tmp_path / "run", force=True)
 
-    assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+    # The lock file stays: it is this process's hold on the folder.
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE, "notes.txt"]
 
 
 def test_new_and_empty_folders_are_accepted(

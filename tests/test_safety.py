@@ -133,7 +133,7 @@ def test_a_linked_client_state_folder_is_refused(tmp_path: Path, outside: Path) 
     assert snapshot(outside) == {"precious.txt": b"do not touch"}
 
 
-def test_a_fresh_run_into_an_old_folder_removes_links_not_their_targets(
+def test_a_forced_run_into_an_old_folder_removes_links_not_their_targets(
     tmp_path: Path, outside: Path
 ) -> None:
     run_dir = checkpointed(tmp_path / "run")
@@ -142,7 +142,7 @@ def test_a_fresh_run_into_an_old_folder_removes_links_not_their_targets(
     (run_dir / CLIENT_STATE_DIR).rmdir()
     (run_dir / CLIENT_STATE_DIR).symlink_to(outside, target_is_directory=True)
 
-    new_run_dir(scenario_from_dict(SCENARIO), run_dir)
+    new_run_dir(scenario_from_dict(SCENARIO), run_dir, force=True)
 
     assert not (run_dir / CLIENT_STATE_DIR).exists()
     assert snapshot(outside) == {"precious.txt": b"do not touch"}
