@@ -58,7 +58,9 @@ class Registry(Generic[T]):
                     raise ValueError(f"{self.kind} {key!r} is registered twice")
             self._entries[name] = obj
             doc = (getattr(obj, "__doc__", None) or "").strip()
-            self._descriptions[name] = description or (doc.splitlines() or [""])[0]
+            # A docstring's first line, without its reStructuredText code quotes.
+            first_line = (doc.splitlines() or [""])[0].replace("``", "")
+            self._descriptions[name] = description or first_line
             self._aliases.update(dict.fromkeys(aliases, name))
             return obj
 
