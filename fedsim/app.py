@@ -96,6 +96,7 @@ def _start_audit_ray(scenario: Scenario, grid: Grid) -> None:
             num_gpus=None if scenario.audit.num_gpus > 0 else 0,
             logging_level=logging.ERROR,
             log_to_driver=False,
+            include_dashboard=False,
         )
 
 
