@@ -74,7 +74,9 @@ class FakeRuns:
         self.fail = fail
         self.stop_after = stop_after
 
-    def __call__(self, scenario: Scenario, run_dir: Path, console: Console) -> None:
+    def __call__(
+        self, scenario: Scenario, run_dir: Path, console: Console, resume: bool = False
+    ) -> None:
         if self.stop_after is not None and len(self.calls) == self.stop_after:
             (run_dir / "half-written").parent.mkdir(parents=True, exist_ok=True)
             (run_dir / "half-written").write_text("")

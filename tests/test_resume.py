@@ -429,3 +429,98 @@ def test_killed_at_random_server_writes_then_resumed_matches_an_uninterrupted_ru
             check_exact=True,
         )
         assert private_files(whole).keys() == private_files(stopped).keys()
+
+
+# A sweep of one audited FedAvg configuration over two seeds, two attacks in the
+# last round: the kill lands in seed 1's round-2 audit, after the first attack's row.
+AUDITED_SWEEP_BASE: dict[str, Any] = {
+    "name": "audited",
+    "federation": {"num-clients": 3, "clients-per-round": 2, "rounds": 2, "seed": 0},
+    "data": {"dataset": "mnist-embedded", "samples-per-client": 30},
+    "model": {"name": "lenet-zhu", "init": "uniform"},
+    "client": {"local-steps": 1, "batch-size": 1, "optimizer": "sgd", "lr": 0.01},
+    "audit": {
+        "enabled": True,
+        "attacks": [{"name": "dlg", "steps": 5}, {"name": "dlg", "steps": 60}],
+        "victims": 1,
+        "rounds": [2],
+    },
+    "backend": {"num-cpus": 1},
+}
+TIMING = ["seconds", "wall-seconds", "gpu-seconds", "peak-gpu-mb"]
+
+
+def sweep_spec(folder: Path, seeds: list[int]) -> Path:
+    (folder / "base.toml").write_text(tomli_w.dumps(AUDITED_SWEEP_BASE))
+    spec = {"name": "killed-sweep", "base": "base.toml", "seeds": seeds}
+    path = folder / "spec.toml"
+    path.write_text(tomli_w.dumps(spec))
+    return path
+
+
+def _compare(spec: Path, out: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(FEDSIM), "compare", str(spec), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **popen,
+    )
+
+
+def _audit_rows(run_dir: Path) -> pd.DataFrame:
+    path = run_dir / "audit.csv"
+    return pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["round"])
+
+
+@pytest.mark.slow
+def test_compare_killed_during_an_audit_continues_to_the_same_numbers(tmp_path: Path) -> None:
+    """SIGKILL a ``fedsim compare`` (driver and Ray) mid-audit; rerunning it keeps the
+    finished run, continues the killed one from its checkpoint, and ends with the
+    numbers of an uninterrupted sweep."""
+    killed_out, reference_out = tmp_path / "killed", tmp_path / "reference"
+    reference = _compare(sweep_spec(tmp_path, [1]), reference_out)
+    assert reference.wait(timeout=600) == 0, reference.stdout.read().decode()[-3000:]
+
+    spec = sweep_spec(tmp_path, [0, 1])
+    proc = _compare(spec, killed_out, start_new_session=True)  # the kill takes Ray's processes
+    victim_run = killed_out / "runs" / "fedavg" / "seed-1"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            audit = _audit_rows(victim_run)
+            if (audit["round"] == 2).sum() == 1:  # one of round 2's two attacks recorded
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"no round-2 audit row (exit code {proc.poll()})")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert checkpointed_round(victim_run) == 1
+    assert not (victim_run / "compare.json").exists()
+    finished_marker = (killed_out / "runs" / "fedavg" / "seed-0" / "compare.json").stat()
+
+    again = _compare(spec, killed_out)
+    output = again.communicate(timeout=600)[0].decode()
+    assert again.returncode == 0, output[-3000:]
+
+    assert "1 already done, 1 to run (1 continuing)" in output
+    assert "continuing fedavg/seed-1 after round 1" in output
+    assert "(resuming after round 1)" in output
+    seed0 = (killed_out / "runs" / "fedavg" / "seed-0" / "compare.json").stat()
+    assert seed0.st_mtime_ns == finished_marker.st_mtime_ns  # not run again
+    ours = _audit_rows(victim_run).drop(columns=TIMING)
+    theirs = _audit_rows(reference_out / "runs" / "fedavg" / "seed-1").drop(columns=TIMING)
+    assert list(ours["round"]) == [2, 2]
+    pd.testing.assert_frame_equal(ours, theirs, check_exact=True)
+    pd.testing.assert_frame_equal(
+        pd.read_csv(victim_run / METRICS_FILE).drop(columns="seconds"),
+        pd.read_csv(reference_out / "runs" / "fedavg" / "seed-1" / METRICS_FILE).drop(
+            columns="seconds"
+        ),
+        check_exact=True,
+    )
+    results = pd.read_csv(killed_out / "results.csv")
+    reference_rows = pd.read_csv(reference_out / "results.csv")
+    ours_row = results[results["seed"] == 1].drop(columns="seconds").reset_index(drop=True)
+    pd.testing.assert_frame_equal(ours_row, reference_rows.drop(columns="seconds"))

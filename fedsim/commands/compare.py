@@ -35,6 +35,7 @@ class CompareCommand:
             load_spec,
             run_sweep,
         )
+        from fedsim.engine.lifecycle import INTERRUPTED_STATUS, RunInterrupted
         from fedsim.engine.results import REPORT_FILE as HTML_REPORT
 
         spec, base = load_spec(scenario_path(args.spec))
@@ -46,7 +47,16 @@ class CompareCommand:
                 done = is_finished(config, out / RUNS_DIR / config.path)
                 console.print(f"{'done' if done else 'to run'}  {config.path}  ({config.label})")
             return 0
-        outcome = run_sweep(spec, configs, out, console)
+        try:
+            outcome = run_sweep(spec, configs, out, console)
+        except RunInterrupted as stop:
+            console.print(
+                f"fedsim: interrupted ({stop.signal_name}); finished runs and the completed "
+                f"rounds of {stop.run_dir} are saved: continue with the same "
+                f"fedsim compare command (--out {out})",
+                markup=False,
+            )
+            return INTERRUPTED_STATUS
         console.print(f"\nreport: {out / HTML_REPORT} (and {out / REPORT_FILE})")
         if outcome.failed:
             console.print(f"[red]{len(outcome.failed)} run(s) failed; rerun to retry them[/red]")

@@ -35,8 +35,10 @@ its own Ray (give the base ``backend.ray-cpus`` so they share the machine).
 
 Resume: each run lives in ``<out>/runs/<configuration>/seed-<k>``; when it
 ends, a marker (``compare.json``: the hash of its resolved scenario) is
-written. A rerun skips runs whose marker matches, and starts over a run
-without one (interrupted) or with a stale one (its configuration changed).
+written. A rerun skips runs whose marker matches; a run without one
+(interrupted, even by SIGKILL) continues from its last checkpoint when its
+``scenario.toml`` is the configuration's (as ``fedsim run --resume``), and
+starts over when it has no usable checkpoint or its configuration changed.
 
 Outputs in ``<out>``: ``results.csv`` (one row per run and attack),
 ``table.csv`` and ``table.md`` (mean and std over seeds per configuration),
@@ -62,11 +64,11 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pandas as pd
@@ -87,15 +89,19 @@ from fedsim.core.config import (
     scenario_to_dict,
 )
 from fedsim.core.protocol import AuditRecord
+from fedsim.engine.checkpoint import open_resume
 from fedsim.engine.results import (
     AUDIT_FILE,
+    CHECKPOINT_DIR,
     DEFAULT_SUCCESS_PSNR,
     METRICS_FILE,
+    SCENARIO_FILE,
     SUMMARY_FILE,
     leakage_stats,
     mean_std_text,
     number_text,
     read_wall_seconds,
+    unlock_run_dir,
 )
 from fedsim.engine.results import (
     REPORT_FILE as RUN_REPORT_FILE,
@@ -311,22 +317,52 @@ def mark_finished(config: Configuration, run_dir: Path) -> None:
     os.replace(tmp, run_dir / MARKER)  # a kill mid-write leaves no half marker
 
 
-RunFn = Callable[[Scenario, Path, Console], None]
+def resumable(config: Configuration, run_dir: Path, console: Console) -> bool:
+    """Whether the stopped run in ``run_dir`` is ``config``'s and has a checkpoint to go on from."""
+    if not (run_dir / SCENARIO_FILE).is_file() or not (run_dir / CHECKPOINT_DIR).is_dir():
+        return False  # stopped before its first round ended: nothing to continue
+    try:
+        scenario, checkpoint = open_resume(run_dir)
+    except ScenarioError as err:  # damaged or changed: the run is done again
+        console.print(f"[yellow]{config.path} cannot continue ({err})[/yellow]")
+        return False
+    finally:
+        unlock_run_dir(run_dir)  # the run itself takes the lock, maybe in another process
+    if scenario_hash(scenario) != scenario_hash(config.scenario):
+        return False
+    console.print(f"continuing {config.path} after round {checkpoint.round}")
+    return True
 
 
-def run_in_process(scenario: Scenario, run_dir: Path, console: Console) -> None:
+class RunFn(Protocol):
+    """Runs one configuration into ``run_dir``; ``resume``: continue the run already there."""
+
+    def __call__(
+        self, scenario: Scenario, run_dir: Path, console: Console, resume: bool
+    ) -> None: ...
+
+
+def run_in_process(scenario: Scenario, run_dir: Path, console: Console, resume: bool) -> None:
     """One run in this process (Ray starts and stops inside it)."""
     from fedsim.engine.runner import run_scenario
 
-    run_scenario(scenario, run_dir, console)
+    if resume:
+        scenario, checkpoint = open_resume(run_dir)
+        run_scenario(scenario, console=console, resume=checkpoint)
+    else:
+        run_scenario(scenario, run_dir, console)
 
 
-def run_in_subprocess(scenario: Scenario, run_dir: Path, console: Console) -> None:
+def run_in_subprocess(scenario: Scenario, run_dir: Path, console: Console, resume: bool) -> None:
     """One run as ``fedsim run`` in its own process; its output goes to ``<run_dir>.log``."""
-    scenario_file = run_dir.with_suffix(".toml")
-    scenario_file.write_text(tomli_w.dumps(scenario_to_dict(scenario)))
-    command = [sys.executable, "-m", "fedsim.cli", "run", str(scenario_file), "--out", str(run_dir)]
-    with run_dir.with_suffix(".log").open("w") as log:
+    command = [sys.executable, "-m", "fedsim.cli", "run"]
+    if resume:
+        command += ["--resume", str(run_dir)]
+    else:
+        scenario_file = run_dir.with_suffix(".toml")
+        scenario_file.write_text(tomli_w.dumps(scenario_to_dict(scenario)))
+        command += [str(scenario_file), "--out", str(run_dir)]
+    with run_dir.with_suffix(".log").open("a" if resume else "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
     console.print(f"finished {run_dir} (log: {run_dir.with_suffix('.log')})")
 
@@ -363,7 +399,7 @@ def run_sweep(
             raise ScenarioError(f"[{config.label}] {err.key}", err.value, err.allowed) from None
     run = run or (run_in_process if spec.parallel == 1 else run_in_subprocess)
     runs = out / RUNS_DIR
-    todo, skipped = [], []
+    todo, skipped, resumed = [], [], set()
     for config in configs:
         run_dir = runs / config.path
         if is_finished(config, run_dir):
@@ -371,13 +407,15 @@ def run_sweep(
             continue
         if run_dir.is_symlink():  # a sweep folder is data: the link goes, not its target
             run_dir.unlink()
-        elif run_dir.exists():  # interrupted, or run with another configuration
+        elif resumable(config, run_dir, console):
+            resumed.add(config.path)
+        elif run_dir.exists():  # no checkpoint, or run with another configuration
             console.print(f"[yellow]starting {config.path} over[/yellow]")
             shutil.rmtree(run_dir)
         todo.append(config)
     console.print(
         f"[bold]fedsim compare[/bold] {spec.name}: {len(configs)} runs, "
-        f"{len(skipped)} already done, {len(todo)} to run -> {out}"
+        f"{len(skipped)} already done, {len(todo)} to run ({len(resumed)} continuing) -> {out}"
     )
     failed: dict[str, str] = {}
 
@@ -386,7 +424,7 @@ def run_sweep(
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         console.print(f"[bold]{config.label}[/bold], seed {config.seed}")
         try:
-            run(config.scenario, run_dir, console)
+            run(config.scenario, run_dir, console, resume=config.path in resumed)
         except Exception as err:  # one failed run should not cost the others
             failed[str(config.path)] = f"{type(err).__name__}: {err}"
             console.print(f"[red]{config.path} failed: {failed[str(config.path)]}[/red]")
