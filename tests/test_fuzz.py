@@ -3,10 +3,15 @@
 Hypothesis mutates the shipped scenarios (and a tiny one): keys set to values
 of any type (extreme and non-finite numbers, odd strings, lists, tables),
 keys deleted, unknown keys added, ``--set`` overrides of arbitrary text, and
-files of random bytes. Each case goes through the real ``fedsim run`` command
-in this process with Ray replaced by a sentinel, and must either
+files of random bytes; and ``fedsim attack`` command lines (every flag, with
+values of the right kind, odd ones and unparseable ones). Each case goes
+through the real command in this process with Ray (for ``fedsim attack``: the
+attack's optimisation, after the victim's real gradient was taken) replaced by
+a sentinel, and must either
 
-- be refused: exit status 2 and one line ``fedsim: error: KEY = VALUE: ...``, or
+- be refused: exit status 2 and one line ``fedsim: error: KEY = VALUE: ...``
+  (or argparse's usage and one ``error: argument ...`` line for a flag value
+  of the wrong type), or
 - be accepted: pass every check up to the point Ray would start; the cheap
   accepted ones (a few clients, rounds and examples) then really run, in
   process, against the real ClientApp (:mod:`inprocess`),
@@ -33,7 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inprocess import run_inprocess
 
-from fedsim.cli import main
+from fedsim.attacks import ATTACKS
+from fedsim.cli import build_parser, main
 from fedsim.core.config import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +53,7 @@ TINY: dict[str, Any] = {
 }
 BASES = {name: tomllib.loads((REPO / "scenarios" / f"{name}.toml").read_text()) for name in SHIPPED}
 BASES["tiny"] = TINY
+ATTACK_NAMES = ATTACKS.names()
 CASE_SECONDS = 60  # a loaded 2-core machine; cases take ~0.1-3 s on an idle one
 MAX_REAL_RUNS = 3  # accepted cheap cases run for real, in process (~5 s each)
 FUZZ = settings(
@@ -60,6 +67,10 @@ FUZZ = settings(
 
 class WouldStartRay(Exception):
     """The sentinel: the input passed every check and the simulation was about to start."""
+
+
+class WouldStartAttack(Exception):
+    """The sentinel: ``fedsim attack`` built every probe and was about to optimise."""
 
 
 @pytest.fixture(autouse=True)
@@ -188,9 +199,14 @@ def cheap(path: Path, overrides: list[str]) -> bool:
 
 
 def check_case(
-    argv: list[str], out: Path, counts: Counter[str], capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    out: Path,
+    counts: Counter[str],
+    capsys: pytest.CaptureFixture[str],
+    run_accepted: bool = True,
 ) -> None:
-    """``fedsim argv`` is refused with one line or accepted; a cheap accepted case then runs."""
+    """``fedsim argv`` is refused with one line or accepted; with ``run_accepted``,
+    a cheap accepted scenario then runs."""
 
     def too_long(*_: object) -> None:
         raise TimeoutError(f"no answer within {CASE_SECONDS} s: {argv}")
@@ -200,7 +216,7 @@ def check_case(
     start = time.monotonic()
     try:
         status = main([*argv, "--out", str(out)])
-    except WouldStartRay:
+    except (WouldStartRay, WouldStartAttack):
         status = None
     finally:
         signal.alarm(0)
@@ -214,6 +230,8 @@ def check_case(
         return
     if status is None:
         counts["accepted"] += 1
+        if not run_accepted:
+            return
         scenario_path, overrides = Path(argv[1]), argv[3::2]
         if counts["ran ok"] < MAX_REAL_RUNS and cheap(scenario_path, overrides):
             run = run_inprocess(load_scenario(scenario_path, overrides), out / "client_state")
@@ -270,3 +288,105 @@ def test_random_bytes_are_refused_in_one_line(
     with capsys.disabled():
         print(f"\nrandom bytes: {dict(tally)}")
     assert tally["refused"] > 0
+
+
+def _integer_text(low: int, high: int) -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.integers(min_value=low, max_value=high).map(str),
+        st.sampled_from(["0", "-1", "x", "", "1e3", "99999999999"]),
+    )
+
+
+# Flag -> values: mostly plausible (so that many cases are accepted), some not.
+ATTACK_FLAGS: dict[str, st.SearchStrategy[str]] = {
+    "--attack": st.sampled_from([*ATTACK_NAMES, "nope", ""]),
+    "--dataset": st.sampled_from(
+        ["cifar100-samples", "cifar10-samples", "lfw-faces", "mnist-embedded", "cifar10", "nope"]
+    ),
+    "--model": st.sampled_from(["lenet-zhu", "lenet5-split", "lenet-sapag", "resnet18", "x"]),
+    "--init": st.sampled_from(["uniform", "default", "x"]),
+    "--batch-size": _integer_text(1, 4),
+    "--num-images": _integer_text(1, 4),
+    "--seed": _integer_text(0, 3),
+    "--restarts": _integer_text(1, 2),
+    "--steps": _integer_text(1, 2),
+    "--shared": st.sampled_from(["gradient", "update", "weights"]),
+    "--channels": st.sampled_from(["native", "gray", "rgb", "cmyk"]),
+    "--image-size": st.sampled_from(["8", "9", "16", "32", "1025", "0", "-8", "x"]),
+    "--num-classes": _integer_text(1, 200),
+    "--parallel": _integer_text(1, 4),
+    "--device": st.sampled_from(["auto", "cpu", "cuda", "cuda:3", "tpu", ""]),
+    "--threads": _integer_text(0, 2),
+    "--precision": st.sampled_from(["float32", "float64", "float16"]),
+    "--set": st.one_of(
+        st.sampled_from(["steps=1", "restarts=1", "labels=infer", "lr=inf", "tv=-1", "x=1"]),
+        text,
+    ),
+}
+
+
+def cheap_attack(argv: list[str]) -> bool:
+    """A few small images, a step or two: seconds to run for real."""
+    args = build_parser().parse_args(argv)
+    return (
+        args.steps <= 2
+        and args.restarts <= 2
+        and args.num_images <= 4
+        and args.image_size <= 32
+        and args.model != "resnet18"
+        and not args.params
+    )
+
+
+@st.composite
+def attack_command_lines(draw: st.DrawFn) -> list[str]:
+    """``fedsim attack`` with 1-5 flags set; few steps and images unless a flag says otherwise."""
+    argv = ["attack", "--steps", "1", "--restarts", "1", "--num-images", "1"]
+    for flag in draw(st.lists(st.sampled_from(sorted(ATTACK_FLAGS)), min_size=1, max_size=5)):
+        argv += [flag, draw(ATTACK_FLAGS[flag])]
+    return argv
+
+
+def test_attack_command_lines_run_or_are_refused_in_one_line(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tally: Counter[str] = Counter()
+    ran: list[list[str]] = []
+
+    def sentinel(*_: object) -> None:
+        raise WouldStartAttack
+
+    @settings(FUZZ, max_examples=120)
+    @given(attack_command_lines())
+    def case(argv: list[str]) -> None:
+        out = tmp_path_factory.mktemp("attack") / "out"
+        with monkeypatch.context() as patched:
+            patched.setattr("fedsim.engine.experiment.attack_precision", sentinel)
+            try:
+                check_case(argv, out, tally, capsys, run_accepted=False)
+            except SystemExit as exit_:  # argparse: a flag value of the wrong type
+                err = capsys.readouterr().err
+                assert exit_.code == 2, err
+                assert err.startswith("usage: fedsim attack"), err
+                assert err.strip().splitlines()[-1].startswith("fedsim attack: error: argument")
+                tally["cases"] += 1
+                tally["refused"] += 1
+                tally["refused by argparse"] += 1
+                return
+        if tally["accepted"] > tally["seen accepted"]:
+            tally["seen accepted"] += 1
+            if len(ran) >= MAX_REAL_RUNS or not cheap_attack(argv):
+                return
+            ran.append(argv)  # accepted and cheap: it also runs for real
+            assert main([*argv, "--out", str(out)]) == 0
+            assert (out / "results.csv").is_file()
+            capsys.readouterr()
+
+    case()
+    tally["ran ok"] = len(ran)
+    del tally["seen accepted"]
+    with capsys.disabled():
+        print(f"\nattack command lines: {dict(tally)}")
+    assert tally["refused"] > 0 and tally["accepted"] > 0 and tally["ran ok"] > 0

@@ -134,6 +134,22 @@ def test_an_unreadable_file_is_refused(
         (["audit=false"], "audit", "must be a table"),
         (["name=../../escape"], "name", "plain file name"),
         (["output.dir=/proc/no/such"], "output.dir", "cannot be created"),
+        # ResNet-18's last block is 1x1 at 8 pixels: batch norm cannot train on one example.
+        (
+            ["model.name=resnet18", "data.image-size=8", "client.batch-size=1"],
+            "client.batch-size",
+            "gives batches of one",
+        ),
+        (
+            [
+                "model.name=resnet18",
+                "data.image-size=8",
+                "data.samples-per-client=35",
+                "client.batch-size=3",
+            ],
+            "client.batch-size",
+            "(28 training examples) a last batch of one",
+        ),
     ],
 )
 def test_scenarios_wrong_in_meaning_are_refused(
@@ -216,3 +232,25 @@ def test_compare_specs_wrong_in_meaning_are_refused(
     fragment: str,
 ) -> None:
     refused(["compare", write_spec(tmp_path, spec), "--dry-run"], capsys, key, fragment)
+
+
+@pytest.mark.parametrize(
+    ("flags", "key", "fragment"),
+    [
+        (["--device", "cuda:7"], "--device", "CUDA device(s); use auto or cpu"),
+        (["--device", "gpu"], "--device", "one of auto, cpu, cuda or cuda:N"),
+        (["--model", "lenet5-split", "--image-size", "9"], "--image-size", "does not fit"),
+        (["--image-size", "100000"], "--image-size", "between 8 and 1024"),
+        (["--num-classes", "0"], "--num-classes", "between 1 and 10000"),
+        (["--num-images", "5", "--batch-size", "2"], "--num-images", "multiple of"),
+        (["--attack", "nope"], "--attack", "dlg"),
+        (["--set", "steps=inf"], "attack.steps", "integer"),
+        (["--restarts", "5000"], "attack.restarts", "between 1 and 1024"),
+        (["--threads", "100000"], "--threads", "cores"),
+    ],
+)
+def test_attack_command_input_wrong_in_meaning_is_refused(
+    flags: list[str], key: str, fragment: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    refused(["attack", *flags, "--out", str(tmp_path / "out")], capsys, key, fragment)
+    assert not (tmp_path / "out").exists()

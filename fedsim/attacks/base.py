@@ -66,6 +66,10 @@ class Reconstruction:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+MAX_RESTARTS = 1024
+"""Restarts are optimised together, in memory: more is a typo, not an experiment."""
+
+
 # Progress of a running attack: (step, steps in all, lowest objective at this step).
 ProgressFn = Callable[[int, int, float], None]
 PROGRESS_REPORTS = 20  # reports per optimisation: each costs one device-to-host copy

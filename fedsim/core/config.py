@@ -35,6 +35,11 @@ class ScenarioError(ValueError):
         super().__init__(f"{key} = {value!r}: {allowed}")
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's first line for a one-line refusal (its type when it has no text)."""
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
 def require(condition: bool, key: str, value: object, allowed: str) -> None:
     """Raise :class:`ScenarioError` unless ``condition`` holds."""
     if not condition:
@@ -45,6 +50,9 @@ def require_seed(seed: int, key: str) -> None:
     """Seeds feed NumPy's ``SeedSequence``, which takes no negative numbers."""
     require(seed >= 0, key, seed, "must be >= 0 (a seed)")
 
+
+MIN_IMAGE_SIZE = 8
+"""The smallest side accepted; whether a model fits a size is checked by a dry forward pass."""
 
 MAX_IMAGE_SIZE = 1024
 """Every image is held in memory at ``image-size``; 1024 is 8x the largest dataset side here."""
@@ -266,10 +274,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         require(
-            8 <= self.image_size <= MAX_IMAGE_SIZE,
+            MIN_IMAGE_SIZE <= self.image_size <= MAX_IMAGE_SIZE,
             "image-size",
             self.image_size,
-            f"must be between 8 and {MAX_IMAGE_SIZE}",
+            f"must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE}",
         )
         require(
             self.samples_per_client >= 0,

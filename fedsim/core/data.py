@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedsim.core.config import ComponentConfig, DataConfig, ScenarioError
+from fedsim.core.config import ComponentConfig, DataConfig, ScenarioError, first_line
 from fedsim.core.registry import Registry
 
 
@@ -213,7 +213,7 @@ def _torchvision(dataset_class: str, layout_folder: str | None = None) -> Loader
                 "data.root",
                 cfg.root,
                 f"holds no {cfg.dataset} data that loads ({type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else 'no detail'}); point it at a "
+                f"{first_line(err)}); point it at a "
                 "torchvision root or set data.download = true on a machine with a network",
             ) from None
 

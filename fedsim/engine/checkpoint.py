@@ -53,7 +53,14 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedsim.core.config import Scenario, ScenarioError, load_scenario, require, scenario_to_dict
+from fedsim.core.config import (
+    Scenario,
+    ScenarioError,
+    first_line,
+    load_scenario,
+    require,
+    scenario_to_dict,
+)
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import (
     CHECKPOINT_DIR,
@@ -399,7 +406,7 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
     except Exception as err:  # any unreadable file is one refusal
         # weights_only refuses arbitrary objects (UnpicklingError); truncation
         # and garbage raise whatever the zip or pickle reader meets first.
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err)
         raise ScenarioError(
             "--resume",
             str(path),

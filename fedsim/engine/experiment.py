@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +36,16 @@ from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.core.config import (
+    MAX_IMAGE_SIZE,
+    MIN_IMAGE_SIZE,
     ClientConfig,
     DataConfig,
     ModelConfig,
+    ScenarioError,
     lookup,
     parse_table,
     require,
+    scenario_from_dict,
     to_table,
 )
 from fedsim.core.data import DATASETS, DatasetBundle, Normalization, load_dataset
@@ -51,11 +56,14 @@ from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.truth import GroundTruth, probe_gradient
 from fedsim.engine.figures import draw_pairs, scored_pairs
 from fedsim.engine.progress import AttackProgressLines
+from fedsim.engine.validate import check_model_fits
 
 RESULTS_FILE = "results.csv"
 GRID_FILE = "grid.png"
 SETTINGS_FILE = "attack.toml"
 CLASSLESS_DEFAULT = 10
+MAX_CLASSES = 10_000
+"""The victim's output layer is allocated at this width: more is a typo (CIFAR-100 has 100)."""
 """Output size for a dataset without classes (lfw-faces): every image is class 0 of 10."""
 
 
@@ -126,11 +134,27 @@ def gradient_probe(
     return Probe(observation, truth)
 
 
+DEVICES = "auto, cpu, cuda or cuda:N"
+
+
 def pick_device(name: str) -> torch.device:
-    """``auto`` is CUDA when available, else the CPU."""
+    """``auto`` is CUDA when available, else the CPU; a named CUDA device must exist."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ScenarioError("--device", name, f"one of {DEVICES}") from None
+    require(device.type in ("cpu", "cuda"), "--device", name, f"one of {DEVICES}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        require(
+            (device.index or 0) < count,
+            "--device",
+            name,
+            f"this machine has {count} CUDA device(s); use auto or cpu",
+        )
+    return device
 
 
 @dataclass(frozen=True)
@@ -169,11 +193,40 @@ class AttackExperiment:
         )
         require(self.seed >= 0, "--seed", self.seed, "must be >= 0")
         require(self.parallel >= 1, "--parallel", self.parallel, "must be >= 1")
-        require(self.threads >= 0, "--threads", self.threads, "must be >= 0")
+        cores = os.cpu_count() or 1
+        require(
+            0 <= self.threads <= cores,
+            "--threads",
+            self.threads,
+            f"must be between 0 (PyTorch's default) and this machine's {cores} cores",
+        )
+        require(
+            self.num_classes is None or 1 <= self.num_classes <= MAX_CLASSES,
+            "--num-classes",
+            self.num_classes,
+            f"must be between 1 and {MAX_CLASSES} (absent: the dataset's classes)",
+        )
+        require(
+            MIN_IMAGE_SIZE <= self.image_size <= MAX_IMAGE_SIZE,
+            "--image-size",
+            self.image_size,
+            f"must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE}",
+        )
         lookup(DATASETS, self.dataset, "--dataset")
         lookup(MODELS, self.model, "--model")
         lookup(INITS, self.init, "--init")
+        check_model_fits(self.model, self.image_size, self.channels == "rgb", "--image-size")
+        pick_device(self.device)
         self.attack_params()  # validated up front
+        # The probe is a whole model's gradient, as FedAvg's server sees it (uploads: all).
+        probed = scenario_from_dict(
+            {
+                "name": "fedsim-attack",
+                "data": {"dataset": self.dataset, "image-size": self.image_size},
+                "model": {"name": self.model, "init": self.init},
+            }
+        )
+        lookup(ATTACKS, self.attack, "--attack").check_scenario(probed, None, "--attack")
 
     def attack_params(self) -> Any:
         """The attack's frozen ``Params`` from :attr:`params`."""

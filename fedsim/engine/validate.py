@@ -26,10 +26,12 @@ import torch
 from fedsim.attacks import ATTACKS
 from fedsim.clients.defences import check_defences
 from fedsim.core.config import (
+    ClientConfig,
     ComponentConfig,
     Scenario,
     ScenarioError,
     component_params,
+    first_line,
     lookup,
     require,
 )
@@ -54,23 +56,41 @@ def check_attack(
     attack_cls.check_scenario(scenario, uploads, key)
 
 
-def check_model_shapes(scenario: Scenario) -> None:
-    """One example passes through the model at ``data.image-size`` (shapes only)."""
-    builder = lookup(MODELS, scenario.model.name, "model.name")
-    size = scenario.data.image_size
+def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
+    """One example passes through model ``model`` at ``image_size`` (shapes only); else
+    a :class:`ScenarioError` on ``key``."""
+    builder = lookup(MODELS, model, "model.name")
     # The side length decides the shapes; channels and classes do not break any zoo model.
-    spec = InputSpec(3 if scenario.data.channels == "rgb" else 1, size, 10)
+    spec = InputSpec(3 if rgb else 1, image_size, 10)
     try:
         with torch.device("meta"):
             # eval(): batch norm in training mode refuses a batch of one 1x1 map.
-            builder(spec).eval()(torch.zeros(1, spec.channels, size, size))
+            builder(spec).eval()(torch.zeros(1, spec.channels, image_size, image_size))
     except (RuntimeError, ValueError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ScenarioError(
-            "data.image-size",
-            size,
-            f"does not fit model {scenario.model.name!r} ({reason}); try 32",
+            key, image_size, f"does not fit model {model!r} ({first_line(err)}); try 32"
         ) from None
+
+
+def trains_on_one_example(scenario: Scenario) -> bool:
+    """Whether the model can take a training step on a batch of one example (batch
+    norm over a 1x1 feature map, as ResNet-18's last block at 32 pixels, cannot)."""
+    builder = lookup(MODELS, scenario.model.name, "model.name")
+    size = scenario.data.image_size
+    spec = InputSpec(3 if scenario.data.channels == "rgb" else 1, size, 10)
+    try:
+        with torch.device("meta"):
+            builder(spec).train()(torch.zeros(1, spec.channels, size, size))
+    except ValueError:  # batch norm's "Expected more than 1 value per channel"
+        return False
+    return True
+
+
+def _smallest_batch(num_examples: int, cfg: ClientConfig) -> int:
+    """The smallest minibatch :func:`fedsim.core.training.batch_indices` yields."""
+    full, left = divmod(num_examples, cfg.batch_size)
+    reached = not cfg.local_steps or cfg.local_steps > full  # the epoch's short last batch
+    return left if left and reached else min(num_examples, cfg.batch_size)
 
 
 def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> None:
@@ -98,7 +118,10 @@ def check_components(scenario: Scenario) -> None:
     """Every name and parameter the scenario gives and how they fit; raise ScenarioError."""
     lookup(DATASETS, scenario.data.dataset, "data.dataset")
     lookup(INITS, scenario.model.init, "model.init")
-    check_model_shapes(scenario)
+    data = scenario.data
+    check_model_fits(
+        scenario.model.name, data.image_size, data.channels == "rgb", "data.image-size"
+    )
     partitioner = lookup(PARTITIONERS, scenario.data.partitioner.name, "data.partitioner")
     component_params(partitioner, scenario.data.partitioner, "data.partitioner")
     strategy = lookup(STRATEGIES, scenario.strategy.name, "strategy")
@@ -212,6 +235,22 @@ def check_partition(scenario: Scenario) -> None:
             f"leaves client {client} no test examples (it holds {held}); raise it, "
             "raise data.samples-per-client, or use fewer clients",
         )
+        if _smallest_batch(len(split.train), scenario.client) == 1:
+            batch_size = scenario.client.batch_size
+            require(
+                trains_on_one_example(scenario),
+                "client.batch-size",
+                batch_size,
+                (
+                    "gives batches of one"
+                    if batch_size == 1
+                    else f"leaves client {client} "
+                    f"({len(split.train)} training examples) a last batch of one"
+                )
+                + f", on which model {scenario.model.name!r} at data.image-size "
+                f"{data.image_size} cannot train (batch norm over a 1x1 feature map); "
+                "choose a batch size that leaves no single example over, or a larger image",
+            )
 
 
 def check_machine(scenario: Scenario) -> None:

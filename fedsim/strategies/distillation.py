@@ -122,11 +122,18 @@ def distill(
     batch_size: int,
     lr: float,
     seed: int,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> float:
-    """Train ``student``'s generator and classifier in place; return the mean KL."""
+    """Train ``student``'s generator and classifier in place; return the mean KL.
+
+    ``optimizer``: an Adam over the student's generator and classifier whose
+    state carries over from earlier rounds (``bench/fedcg_distillation.py
+    --compare`` measures that against a fresh Adam behind the gate); default: a
+    fresh Adam at ``lr``.
+    """
     student.eval()
     params = [*student.generator.parameters(), *student.classifier.parameters()]
-    optimizer = torch.optim.Adam(params, lr=lr)
+    optimizer = optimizer or torch.optim.Adam(params, lr=lr)
     generator = torch.Generator().manual_seed(seed)
     total = 0.0
     for _ in range(iterations):
