@@ -219,7 +219,7 @@ def write_spec(folder: Path, spec: dict[str, object]) -> str:
     [
         ({"seeds": [0, -1]}, "seeds[1]", ">= 0"),
         ({"overrides": {"data": 3}}, "[fedavg, seed 0] data", "would replace the table"),
-        ({"overrides": {"audit": False}}, "[fedavg, seed 0] audit", "is not a table here"),
+        ({"overrides": {"name": {"x": 1}}}, "[fedavg, seed 0] name", "is not a table here"),
         ({"overrides": {"client": {"lr": 1e309}}}, "[fedavg, seed 0] client.lr", "finite"),
         ({"name": "../up"}, "name", "plain file name"),
     ],
