@@ -198,6 +198,8 @@ def test_flwr_run_on_superlink_gives_the_simulation_engines_metrics(
 
     assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
     assert (deployed / "model.pt").is_file(), submitted.stdout[-3000:]
+    # The report is written from the app bundle's copy of fedsim (templates included).
+    assert (deployed / "report.html").is_file(), submitted.stdout[-3000:]
     ours, theirs = (pd.read_csv(d / "metrics.csv") for d in (deployed, simulated))
     assert list(ours["round"]) == [1, 2]
     compared = [

@@ -6,8 +6,9 @@ per round and attack, the audit table, the labelled reconstruction grids per
 audited round, the resource plan (when the run directory has one) and the
 resolved scenario. A sweep's page: the privacy-utility plot, the table (mean,
 median, max PSNR and success share) and links to its runs' pages. Plots come
-from matplotlib, the page from the Jinja2 templates in ``templates/`` and every
-image is embedded as a ``data:`` URI, so the file can be mailed.
+from matplotlib, the page from the Jinja2 templates of
+:mod:`fedsim.engine.report_templates`, and every image is embedded as a
+``data:`` URI, so the file can be mailed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fedsim import fedsim_version
 from fedsim.core import protocol
 from fedsim.core.protocol import AuditRecord
 from fedsim.engine.figures import data_uri, figure_png
+from fedsim.engine.report_templates import TEMPLATES
 from fedsim.engine.results import (
     AUDIT_FILE,
     AUDIT_IMAGES,
@@ -74,7 +76,7 @@ class Column:
 
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("fedsim.engine", "templates"),
+        loader=jinja2.DictLoader(TEMPLATES),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )

@@ -1,0 +1,135 @@
+"""The report pages' Jinja2 templates (:mod:`fedsim.engine.report`).
+
+Python strings, not files beside the code: a Flower app bundle (FAB) carries
+only ``.py``, ``.toml``, ``.md``, ``.yaml`` and ``.json`` files, and the
+ServerApp of ``flwr run`` writes the report from the bundle's copy of fedsim.
+"""
+
+# ruff: noqa: E501  (HTML and CSS lines, kept as written)
+
+TEMPLATES: dict[str, str] = {
+    "base.html.j2": """\
+<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{{ title }}</title>
+<style>
+  body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; padding: 0 1em; color: #222; }
+  h1 { margin-bottom: 0.2em; }
+  section { margin: 2em 0; }
+  table { border-collapse: collapse; font-size: 0.9em; }
+  th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+  th { background: #f3f3f3; }
+  td.text, th.text { text-align: left; }
+  pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+  figure { margin: 1em 0; }
+  figure img { max-width: 100%; border: 1px solid #eee; }
+  figcaption { font-size: 0.85em; color: #555; }
+  .note { color: #555; font-size: 0.9em; }
+</style>
+</head>
+<body>
+<h1>{{ title }}</h1>
+{% if subtitle %}<p class="note">{{ subtitle }}</p>{% endif %}
+{% block body %}{% endblock %}
+<p class="note">Written by fedsim {{ version }}. Images are embedded: this file can be mailed or opened anywhere.</p>
+</body>
+</html>
+""",
+    "macros.html.j2": """\
+{% macro table(frame_rows, columns) -%}
+<table>
+<thead><tr>{% for column in columns %}<th class="{{ column.kind }}">{{ column.title }}</th>{% endfor %}</tr></thead>
+<tbody>
+{% for row in frame_rows %}<tr>{% for column in columns %}<td class="{{ column.kind }}">{% if column.kind == "link" %}<a href="{{ row[column.key] }}">{{ row[column.key] }}</a>{% else %}{{ row[column.key] }}{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</tbody>
+</table>
+{%- endmacro %}
+{% macro image(uri, alt, caption="") -%}
+<figure><img src="{{ uri }}" alt="{{ alt }}">{% if caption %}<figcaption>{{ caption }}</figcaption>{% endif %}</figure>
+{%- endmacro %}
+""",
+    "run.html.j2": """\
+{% extends "base.html.j2" %}
+{% import "macros.html.j2" as m %}
+{% block body %}
+<section id="overview">
+<h2>Overview</h2>
+<ul>{% for line in overview %}<li>{{ line }}</li>{% endfor %}</ul>
+</section>
+
+<section id="curves">
+<h2>Training curves</h2>
+{% if curves %}{{ m.image(curves, "accuracy and loss per round",
+  "Accuracy and loss per round: test-* is the global model on the held-out test set, client-eval-* the clients' own evaluation on their local splits (mean), train-loss the clients' training loss; further per-round metrics below them.") }}
+{% else %}<p>No finished round yet.</p>{% endif %}
+</section>
+
+{% if audited %}
+<section id="audit-curves">
+<h2>Privacy audit per round</h2>
+{{ m.image(audit_curves, "audit PSNR, SSIM and label accuracy per round",
+  "Mean over the round's victims, one line per attack. PSNR: 10 log10(1/MSE) on [0, 1] pixels after Hungarian matching; the dashed line is the success threshold (" ~ success_psnr ~ " dB).") }}
+</section>
+
+<section id="audit-table">
+<h2>Audit table</h2>
+<p>Per attack; success = PSNR at or above {{ success_psnr }} dB. Mean and median leave non-finite PSNRs out.</p>
+{{ m.table(audit_summary, audit_summary_columns) }}
+<h3>Every attack</h3>
+{{ m.table(audit_rows, audit_columns) }}
+</section>
+
+<section id="reconstructions">
+<h2>Reconstructions</h2>
+<p>Each true image (top, with its label) above the attack's matched reconstruction (PSNR, SSIM, predicted label).</p>
+{% for round in reconstruction_rounds %}
+<h3>Round {{ round.number }}</h3>
+{% for grid in round.grids %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}
+{% endfor %}
+</section>
+{% endif %}
+
+{% if plan %}
+<section id="plan">
+<h2>Resource plan</h2>
+{% for item in plan %}<h3>{{ item.name }}</h3><pre>{{ item.text }}</pre>{% endfor %}
+</section>
+{% endif %}
+
+<section id="scenario">
+<h2>Scenario</h2>
+<p class="note">The resolved scenario (every default filled in): rerun with <code>fedsim run scenario.toml</code>.</p>
+<pre>{{ scenario }}</pre>
+</section>
+{% endblock %}
+""",
+    "compare.html.j2": """\
+{% extends "base.html.j2" %}
+{% import "macros.html.j2" as m %}
+{% block body %}
+<section id="privacy-utility">
+<h2>Privacy and utility</h2>
+{% if plot %}{{ m.image(plot, "final accuracy against audit PSNR",
+  "One point per configuration (and attack): mean over seeds, bars one sample standard deviation.") }}
+{% else %}<p>No finished runs.</p>{% endif %}
+</section>
+
+<section id="table">
+<h2>Table</h2>
+{{ m.table(table_rows, table_columns) }}
+<p class="note">Accuracy and PSNR: mean ± sample std over seeds of each run's value (a run's PSNR is the mean over its audited attacks).
+PSNR median, max and success pool every attack of every seed; success = PSNR at or above {{ success_psnr }} dB.
+Accuracy is the final round's: <code>test-acc</code> (global model) where the strategy has one, else <code>client-eval-acc</code> (personalised).</p>
+</section>
+
+<section id="runs">
+<h2>Runs</h2>
+{{ m.table(run_rows, run_columns) }}
+{% if failed %}<h3>Failed runs (left out above; rerun to retry)</h3>
+<ul>{% for path, error in failed.items() %}<li><code>{{ path }}</code>: {{ error }}</li>{% endfor %}</ul>{% endif %}
+</section>
+{% endblock %}
+""",
+}
