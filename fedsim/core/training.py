@@ -85,6 +85,13 @@ def batch_indices(
             yield order[start : start + cfg.batch_size]
 
 
+def smallest_batch(num_examples: int, cfg: ClientConfig) -> int:
+    """The smallest minibatch :func:`batch_indices` yields for ``num_examples``."""
+    full, left = divmod(num_examples, cfg.batch_size)
+    reached = not cfg.local_steps or cfg.local_steps > full  # the epoch's short last batch
+    return left if left and reached else min(num_examples, cfg.batch_size)
+
+
 class TrainingHook(Protocol):
     """Changes how :func:`train_local` steps (DP-SGD: per-example clipping and noise)."""
 

@@ -26,7 +26,6 @@ import torch
 from fedsim.attacks import ATTACKS
 from fedsim.clients.defences import check_defences
 from fedsim.core.config import (
-    ClientConfig,
     ComponentConfig,
     Scenario,
     ScenarioError,
@@ -38,6 +37,7 @@ from fedsim.core.config import (
 from fedsim.core.data import DATASETS, check_dataset_available, load_raw, shaped_channels
 from fedsim.core.models import INITS, MODELS, InputSpec
 from fedsim.core.partition import PARTITIONERS, partition_dataset
+from fedsim.core.training import smallest_batch
 from fedsim.engine.resources import test_logical_gpus
 from fedsim.strategies import STRATEGIES
 
@@ -56,16 +56,22 @@ def check_attack(
     attack_cls.check_scenario(scenario, uploads, key)
 
 
-def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
-    """One example passes through model ``model`` at ``image_size`` (shapes only); else
-    a :class:`ScenarioError` on ``key``."""
+def _dry_forward(model: str, image_size: int, rgb: bool, train: bool) -> None:
+    """One example through model ``model`` on PyTorch's ``meta`` device (shapes only)."""
     builder = lookup(MODELS, model, "model.name")
     # The side length decides the shapes; channels and classes do not break any zoo model.
     spec = InputSpec(3 if rgb else 1, image_size, 10)
+    with torch.device("meta"):
+        builder(spec).train(train)(torch.zeros(1, spec.channels, image_size, image_size))
+
+
+def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
+    """One example passes through model ``model`` at ``image_size`` (shapes only); else
+    a :class:`ScenarioError` on ``key``."""
     try:
-        with torch.device("meta"):
-            # eval(): batch norm in training mode refuses a batch of one 1x1 map.
-            builder(spec).eval()(torch.zeros(1, spec.channels, image_size, image_size))
+        # Eval mode: batch norm in training mode refuses a batch of one 1x1 map
+        # (that is :func:`trains_on_one_example`'s question).
+        _dry_forward(model, image_size, rgb, train=False)
     except (RuntimeError, ValueError) as err:
         raise ScenarioError(
             key, image_size, f"does not fit model {model!r} ({first_line(err)}); try 32"
@@ -74,23 +80,13 @@ def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
 
 def trains_on_one_example(scenario: Scenario) -> bool:
     """Whether the model can take a training step on a batch of one example (batch
-    norm over a 1x1 feature map, as ResNet-18's last block at 32 pixels, cannot)."""
-    builder = lookup(MODELS, scenario.model.name, "model.name")
-    size = scenario.data.image_size
-    spec = InputSpec(3 if scenario.data.channels == "rgb" else 1, size, 10)
+    norm over a 1x1 feature map, as ResNet-18's last block at 8 pixels, cannot)."""
+    data = scenario.data
     try:
-        with torch.device("meta"):
-            builder(spec).train()(torch.zeros(1, spec.channels, size, size))
+        _dry_forward(scenario.model.name, data.image_size, data.channels == "rgb", train=True)
     except ValueError:  # batch norm's "Expected more than 1 value per channel"
         return False
     return True
-
-
-def _smallest_batch(num_examples: int, cfg: ClientConfig) -> int:
-    """The smallest minibatch :func:`fedsim.core.training.batch_indices` yields."""
-    full, left = divmod(num_examples, cfg.batch_size)
-    reached = not cfg.local_steps or cfg.local_steps > full  # the epoch's short last batch
-    return left if left and reached else min(num_examples, cfg.batch_size)
 
 
 def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> None:
@@ -235,22 +231,27 @@ def check_partition(scenario: Scenario) -> None:
             f"leaves client {client} no test examples (it holds {held}); raise it, "
             "raise data.samples-per-client, or use fewer clients",
         )
-        if _smallest_batch(len(split.train), scenario.client) == 1:
-            batch_size = scenario.client.batch_size
-            require(
-                trains_on_one_example(scenario),
-                "client.batch-size",
-                batch_size,
-                (
-                    "gives batches of one"
-                    if batch_size == 1
-                    else f"leaves client {client} "
-                    f"({len(split.train)} training examples) a last batch of one"
-                )
-                + f", on which model {scenario.model.name!r} at data.image-size "
-                f"{data.image_size} cannot train (batch norm over a 1x1 feature map); "
-                "choose a batch size that leaves no single example over, or a larger image",
+    # Clients whose training cuts a batch of one example (the model is asked once).
+    single = [
+        (client, len(split.train))
+        for client, split in enumerate(splits)
+        if smallest_batch(len(split.train), scenario.client) == 1
+    ]
+    if single and not trains_on_one_example(scenario):
+        client, examples = single[0]
+        batch_size = scenario.client.batch_size
+        raise ScenarioError(
+            "client.batch-size",
+            batch_size,
+            (
+                "gives batches of one"
+                if batch_size == 1
+                else f"leaves client {client} ({examples} training examples) a last batch of one"
             )
+            + f", on which model {scenario.model.name!r} at data.image-size "
+            f"{data.image_size} cannot train (batch norm over a 1x1 feature map); "
+            "choose a batch size that leaves no single example over, or a larger image",
+        )
 
 
 def check_machine(scenario: Scenario) -> None:
