@@ -199,14 +199,9 @@ def cheap(path: Path, overrides: list[str]) -> bool:
 
 
 def check_case(
-    argv: list[str],
-    out: Path,
-    counts: Counter[str],
-    capsys: pytest.CaptureFixture[str],
-    run_accepted: bool = True,
-) -> None:
-    """``fedsim argv`` is refused with one line or accepted; with ``run_accepted``,
-    a cheap accepted scenario then runs."""
+    argv: list[str], out: Path, counts: Counter[str], capsys: pytest.CaptureFixture[str]
+) -> bool:
+    """``fedsim argv`` is refused with one line or accepted; returns whether it was accepted."""
 
     def too_long(*_: object) -> None:
         raise TimeoutError(f"no answer within {CASE_SECONDS} s: {argv}")
@@ -225,23 +220,25 @@ def check_case(
     counts["cases"] += 1
     counts["slowest answer (ms)"] = max(counts["slowest answer (ms)"], elapsed_ms)
     err = capsys.readouterr().err
-    if status == 0:  # compare --dry-run: a valid sweep, listed
+    if status in (0, None):  # 0: compare --dry-run listed a valid sweep
         counts["accepted"] += 1
-        return
-    if status is None:
-        counts["accepted"] += 1
-        if not run_accepted:
-            return
-        scenario_path, overrides = Path(argv[1]), argv[3::2]
-        if counts["ran ok"] < MAX_REAL_RUNS and cheap(scenario_path, overrides):
-            run = run_inprocess(load_scenario(scenario_path, overrides), out / "client_state")
-            assert len(run.records) == load_scenario(scenario_path, overrides).federation.rounds
-            counts["ran ok"] += 1
-        return
+        return True
     counts["refused"] += 1
     assert status == 2, err
     assert err.startswith("fedsim: error: ") and err.count("\n") == 1, err
     assert " = " in err, err  # KEY = VALUE: what is allowed
+    return False
+
+
+def run_if_cheap(argv: list[str], out: Path, counts: Counter[str]) -> None:
+    """An accepted ``fedsim run`` case small enough runs for real, in process."""
+    if argv[0] != "run" or counts["ran ok"] >= MAX_REAL_RUNS:
+        return
+    scenario_path, overrides = Path(argv[1]), argv[3::2]
+    if cheap(scenario_path, overrides):
+        run = run_inprocess(load_scenario(scenario_path, overrides), out / "client_state")
+        assert len(run.records) == load_scenario(scenario_path, overrides).federation.rounds
+        counts["ran ok"] += 1
 
 
 def test_mutated_scenarios_run_or_are_refused_in_one_line(
@@ -259,7 +256,8 @@ def test_mutated_scenarios_run_or_are_refused_in_one_line(
         argv = ["run", str(path)]
         for item in overrides:
             argv += ["--set", item]
-        check_case(argv, folder / "run", counts, capsys)
+        if check_case(argv, folder / "run", counts, capsys):
+            run_if_cheap(argv, folder / "run", counts)
 
     case()
     with capsys.disabled():
@@ -282,7 +280,8 @@ def test_random_bytes_are_refused_in_one_line(
             argv = [command, str(folder / "case.toml")]
             if command == "compare":
                 argv.append("--dry-run")
-            check_case(argv, folder / "run", tally, capsys)
+            if check_case(argv, folder / "run", tally, capsys):
+                run_if_cheap(argv, folder / "run", tally)
 
     case()
     with capsys.disabled():
@@ -365,7 +364,7 @@ def test_attack_command_lines_run_or_are_refused_in_one_line(
         with monkeypatch.context() as patched:
             patched.setattr("fedsim.engine.experiment.attack_precision", sentinel)
             try:
-                check_case(argv, out, tally, capsys, run_accepted=False)
+                accepted = check_case(argv, out, tally, capsys)
             except SystemExit as exit_:  # argparse: a flag value of the wrong type
                 err = capsys.readouterr().err
                 assert exit_.code == 2, err
@@ -375,18 +374,14 @@ def test_attack_command_lines_run_or_are_refused_in_one_line(
                 tally["refused"] += 1
                 tally["refused by argparse"] += 1
                 return
-        if tally["accepted"] > tally["seen accepted"]:
-            tally["seen accepted"] += 1
-            if len(ran) >= MAX_REAL_RUNS or not cheap_attack(argv):
-                return
-            ran.append(argv)  # accepted and cheap: it also runs for real
+        if accepted and len(ran) < MAX_REAL_RUNS and cheap_attack(argv):
+            ran.append(argv)  # it also runs for real
             assert main([*argv, "--out", str(out)]) == 0
             assert (out / "results.csv").is_file()
             capsys.readouterr()
 
     case()
     tally["ran ok"] = len(ran)
-    del tally["seen accepted"]
     with capsys.disabled():
         print(f"\nattack command lines: {dict(tally)}")
     assert tally["refused"] > 0 and tally["accepted"] > 0 and tally["ran ok"] > 0
