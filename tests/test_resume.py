@@ -46,6 +46,7 @@ from fedsim.engine.checkpoint import (
 from fedsim.engine.flower import message_context
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import (
+    AUDIT_FILE,
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
     CLIENTS_FILE,
@@ -459,16 +460,14 @@ def sweep_spec(folder: Path, seeds: list[int]) -> Path:
 
 
 def _compare(spec: Path, out: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    popen.setdefault("stdout", subprocess.PIPE)  # read with communicate(): a full pipe blocks
     return subprocess.Popen(
-        [str(FEDSIM), "compare", str(spec), "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        **popen,
+        [str(FEDSIM), "compare", str(spec), "--out", str(out)], stderr=subprocess.STDOUT, **popen
     )
 
 
 def _audit_rows(run_dir: Path) -> pd.DataFrame:
-    path = run_dir / "audit.csv"
+    path = run_dir / AUDIT_FILE
     return pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["round"])
 
 
@@ -479,10 +478,12 @@ def test_compare_killed_during_an_audit_continues_to_the_same_numbers(tmp_path: 
     numbers of an uninterrupted sweep."""
     killed_out, reference_out = tmp_path / "killed", tmp_path / "reference"
     reference = _compare(sweep_spec(tmp_path, [1]), reference_out)
-    assert reference.wait(timeout=600) == 0, reference.stdout.read().decode()[-3000:]
+    reference_output = reference.communicate(timeout=600)[0].decode()
+    assert reference.returncode == 0, reference_output[-3000:]
 
     spec = sweep_spec(tmp_path, [0, 1])
-    proc = _compare(spec, killed_out, start_new_session=True)  # the kill takes Ray's processes
+    # Its own session: the kill takes Ray's processes too.
+    proc = _compare(spec, killed_out, start_new_session=True, stdout=subprocess.DEVNULL)
     victim_run = killed_out / "runs" / "fedavg" / "seed-1"
     deadline = time.monotonic() + 600
     try:
