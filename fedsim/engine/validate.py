@@ -20,6 +20,7 @@ the key, the value and what is allowed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -56,9 +57,10 @@ def check_attack(
     attack_cls.check_scenario(scenario, uploads, key)
 
 
-def _dry_forward(model: str, image_size: int, rgb: bool, train: bool) -> None:
-    """One example through model ``model`` on PyTorch's ``meta`` device (shapes only)."""
-    builder = lookup(MODELS, model, "model.name")
+def _dry_forward(
+    builder: Callable[[InputSpec], torch.nn.Module], image_size: int, rgb: bool, train: bool
+) -> None:
+    """One example through the model ``builder`` makes, on the ``meta`` device (shapes only)."""
     # The side length decides the shapes; channels and classes do not break any zoo model.
     spec = InputSpec(3 if rgb else 1, image_size, 10)
     with torch.device("meta"):
@@ -68,10 +70,12 @@ def _dry_forward(model: str, image_size: int, rgb: bool, train: bool) -> None:
 def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
     """One example passes through model ``model`` at ``image_size`` (shapes only); else
     a :class:`ScenarioError` on ``key``."""
+    # Outside the try: an unknown name is a model.name error, not a shape error.
+    builder = lookup(MODELS, model, "model.name")
     try:
         # Eval mode: batch norm in training mode refuses a batch of one 1x1 map
         # (that is :func:`trains_on_one_example`'s question).
-        _dry_forward(model, image_size, rgb, train=False)
+        _dry_forward(builder, image_size, rgb, train=False)
     except (RuntimeError, ValueError) as err:
         raise ScenarioError(
             key, image_size, f"does not fit model {model!r} ({first_line(err)}); try 32"
@@ -82,8 +86,9 @@ def trains_on_one_example(scenario: Scenario) -> bool:
     """Whether the model can take a training step on a batch of one example (batch
     norm over a 1x1 feature map, as ResNet-18's last block at 8 pixels, cannot)."""
     data = scenario.data
+    builder = lookup(MODELS, scenario.model.name, "model.name")
     try:
-        _dry_forward(scenario.model.name, data.image_size, data.channels == "rgb", train=True)
+        _dry_forward(builder, data.image_size, data.channels == "rgb", train=True)
     except ValueError:  # batch norm's "Expected more than 1 value per channel"
         return False
     return True
