@@ -54,13 +54,15 @@ def scenario_params() -> FedCGParams:
     return params
 
 
+def new_pair(seed: int) -> GanSplitNet:
+    """A fresh LeNet-5 generator/classifier pair at the FMNIST(4) input shape."""
+    return build_gan_split_net(ModelConfig("lenet5-split"), InputSpec(1, 32, 10), seed=seed)
+
+
 def seconds(iterations: int, batch_size: int, lr: float, clients: int) -> float:
     """Wall seconds of one distillation round from ``clients`` teachers."""
-    model, spec = ModelConfig("lenet5-split"), InputSpec(1, 32, 10)
-    teachers = [
-        Teacher(1.0 / clients, build_gan_split_net(model, spec, seed=1 + i)) for i in range(clients)
-    ]
-    student = build_gan_split_net(model, spec, seed=0)
+    teachers = [Teacher(1.0 / clients, new_pair(seed=1 + i)) for i in range(clients)]
+    student = new_pair(seed=0)
     started = time.perf_counter()
     distill(student, teachers, iterations, batch_size, lr, seed=0)
     return time.perf_counter() - started
@@ -68,8 +70,7 @@ def seconds(iterations: int, batch_size: int, lr: float, clients: int) -> float:
 
 def drifted(net: GanSplitNet, drift: float, generator: torch.Generator) -> GanSplitNet:
     """A copy of ``net`` with every float tensor moved by ``drift`` x its std (a client's round)."""
-    model, spec = ModelConfig("lenet5-split"), InputSpec(1, 32, 10)
-    copy = build_gan_split_net(model, spec, seed=0)
+    copy = new_pair(seed=0)
     state = net.state_dict()
     for key, value in state.items():
         if value.is_floating_point() and value.numel() > 1 and "running" not in key:
@@ -82,7 +83,7 @@ def drifted(net: GanSplitNet, drift: float, generator: torch.Generator) -> GanSp
 def trained_pair(steps: int = 300) -> GanSplitNet:
     """A generator/classifier pair trained so that C(G(z, y)) predicts y: confident
     outputs, as a global pair has after some rounds (an untrained one is uniform)."""
-    net = build_gan_split_net(ModelConfig("lenet5-split"), InputSpec(1, 32, 10), seed=0)
+    net = new_pair(seed=0)
     net.eval()
     adam = torch.optim.Adam([*net.generator.parameters(), *net.classifier.parameters()], lr=1e-3)
     gen = torch.Generator().manual_seed(0)
@@ -97,10 +98,9 @@ def trained_pair(steps: int = 300) -> GanSplitNet:
 
 def compare_ways(params: FedCGParams, clients: int, rounds: int, drift: float) -> None:
     """Per round: held-out KL before/after for the gate, no gate, and a kept Adam."""
-    model, spec = ModelConfig("lenet5-split"), InputSpec(1, 32, 10)
     ways = ("fresh Adam + gate", "fresh Adam, no gate", "kept Adam, no gate")
     start = trained_pair()
-    globals_ = {way: build_gan_split_net(model, spec, seed=0) for way in ways}
+    globals_ = {way: new_pair(seed=0) for way in ways}
     for student in globals_.values():
         student.load_state_dict(start.state_dict())
     kept = globals_["kept Adam, no gate"]

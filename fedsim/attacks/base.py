@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from fedsim.core.config import ClientConfig, ModelConfig, Scenario
+from fedsim.core.config import ClientConfig, ModelConfig, Scenario, require
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec
 
@@ -68,6 +68,16 @@ class Reconstruction:
 
 MAX_RESTARTS = 1024
 """Restarts are optimised together, in memory: more is a typo, not an experiment."""
+
+
+def require_restarts(restarts: int) -> None:
+    """An attack's ``restarts`` within 1 .. :data:`MAX_RESTARTS`."""
+    require(
+        1 <= restarts <= MAX_RESTARTS,
+        "restarts",
+        restarts,
+        f"must be between 1 and {MAX_RESTARTS}",
+    )
 
 
 # Progress of a running attack: (step, steps in all, lowest objective at this step).

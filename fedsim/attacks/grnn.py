@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.base import MAX_RESTARTS, Attack, Observation, Reconstruction
+from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
 from fedsim.attacks.gradients import batch_gradient, target_gradient, victim_model
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.core.config import require
@@ -232,12 +232,7 @@ class GRNNParams:
         # The generator's size grows with both (width squared): bounded so a typo is refused.
         require(1 <= self.latent_dim <= 4096, "latent-dim", self.latent_dim, "must be in 1..4096")
         require(1 <= self.width <= 1024, "width", self.width, "must be in 1..1024")
-        require(
-            1 <= self.restarts <= MAX_RESTARTS,
-            "restarts",
-            self.restarts,
-            f"must be between 1 and {MAX_RESTARTS}",
-        )
+        require_restarts(self.restarts)
 
     @property
     def step_count(self) -> int:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedsim.attacks.base import MAX_RESTARTS, Attack, Observation, Reconstruction
+from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
 from fedsim.attacks.gradients import (
     BatchNormKnowledge,
     batch_gradient,
@@ -124,12 +124,7 @@ class MatchingParams:
     batchnorm_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        require(
-            1 <= self.restarts <= MAX_RESTARTS,
-            "restarts",
-            self.restarts,
-            f"must be between 1 and {MAX_RESTARTS}",
-        )
+        require_restarts(self.restarts)
         require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be >= 1")
         require(self.lr is None or self.lr > 0, "lr", self.lr, "must be > 0")
         require(

@@ -58,6 +58,16 @@ MAX_IMAGE_SIZE = 1024
 """Every image is held in memory at ``image-size``; 1024 is 8x the largest dataset side here."""
 
 
+def require_image_size(size: int, key: str) -> None:
+    """An image side within :data:`MIN_IMAGE_SIZE` .. :data:`MAX_IMAGE_SIZE`."""
+    require(
+        MIN_IMAGE_SIZE <= size <= MAX_IMAGE_SIZE,
+        key,
+        size,
+        f"must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE}",
+    )
+
+
 def require_file_name(name: str, key: str) -> None:
     """``name`` becomes a file or folder name: one plain path component, never ``..``."""
     plain = (
@@ -273,12 +283,7 @@ class DataConfig:
     test_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        require(
-            MIN_IMAGE_SIZE <= self.image_size <= MAX_IMAGE_SIZE,
-            "image-size",
-            self.image_size,
-            f"must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE}",
-        )
+        require_image_size(self.image_size, "image-size")
         require(
             self.samples_per_client >= 0,
             "samples-per-client",

@@ -36,8 +36,6 @@ from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.core.config import (
-    MAX_IMAGE_SIZE,
-    MIN_IMAGE_SIZE,
     ClientConfig,
     DataConfig,
     ModelConfig,
@@ -45,6 +43,7 @@ from fedsim.core.config import (
     lookup,
     parse_table,
     require,
+    require_image_size,
     scenario_from_dict,
     to_table,
 )
@@ -62,9 +61,9 @@ RESULTS_FILE = "results.csv"
 GRID_FILE = "grid.png"
 SETTINGS_FILE = "attack.toml"
 CLASSLESS_DEFAULT = 10
+"""Output size for a dataset without classes (lfw-faces): every image is class 0 of 10."""
 MAX_CLASSES = 10_000
 """The victim's output layer is allocated at this width: more is a typo (CIFAR-100 has 100)."""
-"""Output size for a dataset without classes (lfw-faces): every image is class 0 of 10."""
 
 
 @dataclass(frozen=True)
@@ -206,12 +205,7 @@ class AttackExperiment:
             self.num_classes,
             f"must be between 1 and {MAX_CLASSES} (absent: the dataset's classes)",
         )
-        require(
-            MIN_IMAGE_SIZE <= self.image_size <= MAX_IMAGE_SIZE,
-            "--image-size",
-            self.image_size,
-            f"must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE}",
-        )
+        require_image_size(self.image_size, "--image-size")
         lookup(DATASETS, self.dataset, "--dataset")
         lookup(MODELS, self.model, "--model")
         lookup(INITS, self.init, "--init")
