@@ -18,7 +18,15 @@ from fedsim.engine.results import AUDIT_IMAGES, REPORT_FILE
 from fedsim.engine.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_SECTIONS = ["overview", "curves", "audit-curves", "audit-table", "reconstructions", "plan"]
+RUN_SECTIONS = [
+    "overview",
+    "curves",
+    "audit-verdict",
+    "audit-curves",
+    "audit-table",
+    "reconstructions",
+    "plan",
+]
 RUN_SECTIONS += ["scenario"]
 SWEEP_SECTIONS = ["privacy-utility", "table", "runs"]
 PAGE_STATE = """({
@@ -59,8 +67,8 @@ def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) ->
         sweep = _state(page, tmp_path / "sweep" / REPORT_FILE, tmp_path / "sweep-report.png")
 
     assert run["sections"] == RUN_SECTIONS
-    # curves, audit curves, then one labelled grid per audited round
-    assert len(run["images"]) == 2 + 2
+    # curves, the verdict, audit curves, then one labelled grid per audited round
+    assert len(run["images"]) == 3 + 2
     assert all(width > 0 and height > 0 for _, width, height in run["images"])
     assert run["headings"][-3:] == ["Round 1", "Round 2", RESOURCES_FILE]
     assert len(list((run_dir / AUDIT_IMAGES).glob("*.png"))) == 2

@@ -54,7 +54,14 @@ class Observation:
 
 @dataclass(frozen=True)
 class Reconstruction:
-    """An attack's output: images in pixel space [0, 1] and labels."""
+    """An attack's output: images in pixel space [0, 1] and labels.
+
+    ``iterations`` is the step budget, ``steps_taken`` the steps run (fewer when
+    the attack stopped early), ``converged`` whether the kept restart met its
+    attack's convergence rule (:mod:`fedsim.attacks.convergence`; an exact,
+    closed-form attack has converged by construction). A result that has not
+    converged is a lower bound of what the attack could recover.
+    """
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -63,6 +70,8 @@ class Reconstruction:
     restarts: int = 1
     final_objective: float = float("nan")
     seconds: float = 0.0
+    steps_taken: int = 0
+    converged: bool = False
     details: dict[str, Any] = field(default_factory=dict)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -37,6 +37,7 @@ from torch import nn
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
+from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.gradients import batch_gradient, target_gradient, victim_model
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.core.config import require
@@ -178,6 +179,7 @@ class _Run:
     labels: torch.Tensor
     distance: float
     trace: list[float]
+    converged: bool
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,9 @@ class GRNNParams:
         ``generator``: the label branch's soft labels (GRNN). ``infer``: labels
         read from the last layer first (iDLG at batch 1, counting for batches;
         see :mod:`fedsim.attacks.labels`), fixed, and the label branch unused.
+    convergence:
+        When a restart counts as converged, and whether it stops early
+        (:mod:`fedsim.attacks.convergence`), on the full loss per step.
     """
 
     steps: int = 1000
@@ -218,6 +223,7 @@ class GRNNParams:
     width: int = 32
     restarts: int = 1
     labels: Literal["generator", "infer"] = "generator"
+    convergence: ConvergenceRule = field(default_factory=ConvergenceRule)
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "steps", self.steps, "must be >= 1")
@@ -286,6 +292,8 @@ class GRNN(Attack):
             restarts=self.params.restarts,
             final_objective=chosen.distance,
             seconds=time.perf_counter() - start,
+            steps_taken=len(chosen.trace),
+            converged=chosen.converged,
             details={
                 "wasserstein": self.params.wasserstein,
                 "tv_weight": objective.tv_weight,
@@ -293,6 +301,8 @@ class GRNN(Attack):
                 "soft_labels": chosen.labels.cpu(),
                 "restart_objectives": [run.distance for run in runs],
                 "chosen_restart": best,
+                "diverged_restarts": sum(not math.isfinite(run.distance) for run in runs),
+                "converged_restarts": sum(run.converged for run in runs),
             },
         )
 
@@ -318,8 +328,9 @@ class GRNN(Attack):
             z = torch.randn(observation.num_examples, p.latent_dim)
         generator, z = generator.to(self.device), z.to(self.device)
         optimizer = torch.optim.RMSprop(generator.parameters(), lr=p.lr, momentum=p.momentum)
-        # Losses stay on the device until the end: no host sync per step.
-        trace = torch.empty(p.steps, device=self.device)
+        rule = p.convergence
+        tracker = ConvergenceTracker(1, rule.steps_in_window(p.steps), rule.rtol, self.device)
+        trace = []
         for step in range(p.steps):
             images, soft_labels = generator(z)
             labels = soft_labels if fixed_labels is None else fixed_labels
@@ -328,16 +339,22 @@ class GRNN(Attack):
             # Only the generator learns; the victim's parameters are constants.
             loss.backward(inputs=list(generator.parameters()))
             optimizer.step()
-            trace[step] = loss.detach()
-            self.report_progress(restart * p.steps + step + 1, p.restarts * p.steps, trace[step])
+            trace.append(loss.detach())
+            tracker.update(trace[-1][None])
+            self.report_progress(restart * p.steps + step + 1, p.restarts * p.steps, trace[-1])
+            if not torch.isfinite(trace[-1]) or (rule.early_stop and bool(tracker.stalled()[0])):
+                break
         with torch.no_grad():
             # Train-mode BatchNorm, as during fitting: these are the images the loss saw.
             images, soft_labels = generator(z)
         labels = soft_labels if fixed_labels is None else fixed_labels
         distance = float(objective.gradient_distance(images, labels, create_graph=False))
+        losses = torch.stack(trace)
+        diverged = bool(tracker.diverged(losses[-1:])[0]) or not math.isfinite(distance)
         return _Run(
             images=images,
             labels=labels,
-            distance=distance if math.isfinite(distance) else math.inf,
-            trace=trace.tolist(),
+            distance=math.inf if diverged else distance,
+            trace=losses.tolist(),
+            converged=bool(tracker.stalled()[0]) and not diverged,
         )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -35,6 +35,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
+from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.gradients import (
     BatchNormKnowledge,
     batch_gradient,
@@ -103,6 +104,9 @@ class MatchingParams:
         Weight of the prior ``sum_l ||mu_l(x') - mu_l|| + ||var_l(x') - var_l||``
         pulling the dummy's BatchNorm statistics to the believed ones
         (DeepInversion's form; not tuned here).
+    convergence:
+        When a restart counts as converged, and whether the attack stops
+        once every restart has (:mod:`fedsim.attacks.convergence`).
     """
 
     paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 300, "adamw": 20_000}
@@ -122,6 +126,7 @@ class MatchingParams:
     step_decay: bool = False
     batchnorm: BatchNormKnowledge = "none"
     batchnorm_weight: float = 0.01
+    convergence: ConvergenceRule = field(default_factory=ConvergenceRule)
 
     def __post_init__(self) -> None:
         require_restarts(self.restarts)
@@ -498,14 +503,30 @@ class GradientMatchingAttack(Attack):
             z = torch.clamp(z, lower, upper)
         optimizer = self._optimizer(z, (lower, upper))
         objective = self._objective(group, restarts)
+        rule, budget = p.convergence, p.step_count
+        tracker = ConvergenceTracker(len(z), rule.steps_in_window(budget), rule.rtol, z.device)
         trace = []
-        for step in range(p.step_count):
+        for step in range(budget):
             trace.append(optimizer.step(objective))
-            self.report_progress(step + 1, p.step_count, trace[-1])
+            tracker.update(trace[-1])
+            self.report_progress(step + 1, budget, trace[-1])
             if p.clamp == "step":
                 optimizer.project(lower, upper)
+            if rule.early_stop:
+                stalled = tracker.stalled()
+                if optimizer.last_phase:
+                    optimizer.stopped |= stalled  # converged rows stop; the rest go on
+                elif bool(stalled[optimizer.active].all()):
+                    # The rows share one learning rate: once all have stalled in a
+                    # phase, they all move on to the next, smaller one.
+                    optimizer.next_phase()
+                    tracker.restart_window()
+                if not bool(optimizer.active.any()):
+                    break
         optimizer.evaluate(objective, ~optimizer.diverged)  # the distance where each row ended
-        final = torch.where(optimizer.diverged, float("inf"), optimizer.loss).view(victims, -1)
+        diverged = optimizer.diverged | tracker.diverged(optimizer.loss)
+        converged = (tracker.stalled() & ~diverged).view(victims, -1)
+        final = torch.where(diverged, float("inf"), optimizer.loss).view(victims, -1)
         trace_rows = torch.stack(trace, dim=1).view(victims, restarts, -1)
         seconds = (time.perf_counter() - start) / victims
         results = []
@@ -521,10 +542,13 @@ class GradientMatchingAttack(Attack):
                     objective_trace=trace_rows[v, best].tolist(),
                     final_objective=float(final[v, best]),
                     seconds=seconds,
+                    steps_taken=tracker.steps,
+                    converged=bool(converged[v, best]),
                     details={
                         "restart_objectives": final[v].tolist(),
                         "chosen_restart": best,
-                        "diverged_restarts": int(optimizer.diverged.view(victims, -1)[v].sum()),
+                        "diverged_restarts": int(diverged.view(victims, -1)[v].sum()),
+                        "converged_restarts": int(converged[v].sum()),
                         "evaluations": optimizer.evaluations.view(victims, -1)[v].tolist(),
                         "labels": "joint" if group.labels is None else label_method(obs),
                         "batchnorm": group.batchnorm,

@@ -18,7 +18,9 @@ as its own problem. Both optimisers here do:
 
 A row whose objective or gradient is not finite has diverged: it stops, is
 put back to its last finite point, and reports an infinite objective, so a
-restart that blew up is never the one an attack keeps.
+restart that blew up is never the one an attack keeps. A row the caller
+marks ``stopped`` (it has converged) is no longer evaluated or moved, so
+the rows still improving get the compute.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class BatchedOptimizer(ABC):
         self.loss = torch.full((rows,), float("inf"), dtype=z.dtype, device=z.device)
         self.grad = torch.zeros_like(self.z)
         self.diverged = torch.zeros(rows, dtype=torch.bool, device=z.device)
+        self.stopped = torch.zeros(rows, dtype=torch.bool, device=z.device)
         self.evaluations = torch.zeros(rows, dtype=torch.long, device=z.device)
         self._last_finite = self.z.clone()
 
@@ -80,6 +83,20 @@ class BatchedOptimizer(ABC):
     @abstractmethod
     def step(self, objective: Objective) -> torch.Tensor:
         """One optimiser step for every live row; the objective at its start, ``(P,)``."""
+
+    @property
+    def active(self) -> torch.Tensor:
+        """Rows still optimised: neither diverged nor stopped."""
+        return ~self.diverged & ~self.stopped
+
+    @property
+    def last_phase(self) -> bool:
+        """Whether the learning rate has no further phase to drop to."""
+        return True
+
+    def next_phase(self) -> bool:
+        """Move on to the next learning-rate phase now; ``False`` when there is none."""
+        return False
 
 
 class BatchedLBFGS(BatchedOptimizer):
@@ -183,7 +200,7 @@ class BatchedLBFGS(BatchedOptimizer):
 
     def step(self, objective: Objective) -> torch.Tensor:
         """``max_iter`` L-BFGS iterations per live row (fewer where a tolerance stops it)."""
-        live = self.evaluate(objective, ~self.diverged)
+        live = self.evaluate(objective, self.active)
         start = self.loss.clone()
         running = live & ~(self.grad.abs().amax(dim=1) <= self.tolerance_grad)
         evals, n_iter = 1, 0
@@ -243,18 +260,34 @@ class BatchedAdamW(BatchedOptimizer):
         # AdamW only reads ``z.grad``.
         self.optimizer = torch.optim.AdamW([self.z], lr=lr, weight_decay=weight_decay)
         self.signed = signed
-        self.schedule = torch.optim.lr_scheduler.MultiStepLR(
-            self.optimizer, milestones=list(milestones), gamma=decay
-        )
+        # MultiStepLR's schedule, kept by hand so that a stall can end a phase early:
+        # the rate drops at each milestone step, or at next_phase, whichever is first.
+        self.milestones, self.decay = sorted(milestones), decay
+        self.steps_done = 0
+
+    @property
+    def last_phase(self) -> bool:
+        return not self.milestones
+
+    def next_phase(self) -> bool:
+        """Drop the rate to the next phase's now (the phase's milestone is then skipped)."""
+        if not self.milestones:
+            return False
+        self.milestones.pop(0)
+        for group in self.optimizer.param_groups:
+            group["lr"] *= self.decay
+        return True
 
     def step(self, objective: Objective) -> torch.Tensor:
         """One AdamW update per live row."""
-        live = self.evaluate(objective, ~self.diverged)
+        live = self.evaluate(objective, self.active)
         grad = self.grad.sign() if self.signed else self.grad
         self.z.grad = torch.where(live[:, None], grad, torch.zeros_like(grad))
         frozen = self.z[~live].clone()
         self.optimizer.step()
-        self.schedule.step()
+        self.steps_done += 1
+        while self.milestones and self.milestones[0] <= self.steps_done:
+            self.next_phase()
         self.z[~live] = frozen  # weight decay must not move a stopped row
         if self.bounds is not None:
             self.project(*self.bounds)

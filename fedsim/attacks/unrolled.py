@@ -24,11 +24,31 @@ from fedsim.attacks.matching import (
     replay_local_training,
     require_replayable,
 )
+from fedsim.core.config import Scenario, require
 
 
 @ATTACKS.register("unrolled-dlg")
 class UnrolledDLG(DLG):
     """DLG matching a replayed multi-step local SGD update."""
+
+    @classmethod
+    def check_scenario(cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str) -> None:
+        """Updates only (a probe is a gradient: there is nothing to replay), from plain SGD."""
+        audit, cfg = scenario.audit, scenario.client
+        require(
+            audit.threat_model == "update",
+            f"{key}.name",
+            "unrolled-dlg",
+            f'replays client updates; audit.threat-model = "{audit.threat_model}" gives gradients',
+        )
+        require(
+            cfg.optimizer == "sgd" and not cfg.momentum and not cfg.weight_decay,
+            f"{key}.name",
+            "unrolled-dlg",
+            "replays plain SGD; the clients use "
+            f"client.optimizer = {cfg.optimizer!r}, momentum {cfg.momentum}, "
+            f"weight-decay {cfg.weight_decay}",
+        )
 
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0

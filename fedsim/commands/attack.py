@@ -23,6 +23,10 @@ class AttackCommand:
         add("--dataset", default="cifar100-samples", help="dataset name, default cifar100-samples")
         add("--model", default="lenet-zhu", help="victim architecture, default lenet-zhu")
         add("--init", default="uniform", help="victim weight init, default uniform")
+        add(
+            "--weights",
+            help="a run's model.pt: every victim at these trained weights (instead of --init)",
+        )
         add("--batch-size", type=int, default=1, help="images per observed gradient, default 1")
         add("--num-images", type=int, default=8, help="images attacked in all, default 8")
         add("--seed", type=int, default=0, help="images, models and dummies, default 0")
@@ -79,6 +83,7 @@ class AttackCommand:
             dataset=args.dataset,
             model=args.model,
             init=args.init,
+            weights=args.weights,
             batch_size=args.batch_size,
             num_images=args.num_images,
             seed=args.seed,

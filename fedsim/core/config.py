@@ -355,18 +355,24 @@ class BackendConfig:
         require(self.wait_timeout > 0, "wait-timeout", self.wait_timeout, "must be > 0 (seconds)")
 
 
+AUTO: Literal["auto"] = "auto"
+"""``audit.attacks = "auto"``: the attack portfolio that applies to the scenario."""
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """The honest-but-curious server's per-round privacy audit (off by default).
 
-    ``attacks`` are tables ``{name = "dlg", <that attack's parameters>}``.
+    ``attacks`` are tables ``{name = "dlg", <that attack's parameters>}``, or
+    ``"auto"`` (the default): every registered attack that applies to the
+    scenario, at its measured budget (:mod:`fedsim.engine.audit.portfolio`).
     Rounds: the listed ``rounds``, else every ``every``-th round. Victims: the
     listed partitions ``victim-ids`` when sampled, else ``victims`` random
     sampled clients (0 = every sampled client).
     """
 
     enabled: bool = False
-    attacks: tuple[ComponentConfig, ...] = (ComponentConfig("dlg"),)
+    attacks: tuple[ComponentConfig, ...] | Literal["auto"] = AUTO
     threat_model: Literal["update", "probe"] = "update"
     probe_batch_size: int = 1
     rounds: tuple[int, ...] = ()
@@ -382,7 +388,12 @@ class AuditConfig:
     precision: Literal["float32", "float64"] = "float32"  # attacks' arithmetic (no TF32)
 
     def __post_init__(self) -> None:
-        require(len(self.attacks) >= 1, "attacks", self.attacks, "list at least one attack")
+        require(
+            self.attacks == AUTO or len(self.attacks) >= 1,
+            "attacks",
+            self.attacks,
+            f'list at least one attack, or "{AUTO}"',
+        )
         require(
             self.probe_batch_size >= 1, "probe-batch-size", self.probe_batch_size, "must be >= 1"
         )
@@ -541,14 +552,16 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     )
     if attack_tables is not None:
         require(
-            isinstance(attack_tables, list),
+            isinstance(attack_tables, list) or attack_tables == AUTO,
             "audit.attacks",
             attack_tables,
-            "must be a list of attack tables",
+            f'must be "{AUTO}" or a list of attack tables',
         )
-        attacks = tuple(
-            _component(t, f"audit.attacks[{i}]", "dlg") for i, t in enumerate(attack_tables)
-        )
+        attacks: tuple[ComponentConfig, ...] | Literal["auto"] = AUTO
+        if attack_tables != AUTO:
+            attacks = tuple(
+                _component(t, f"audit.attacks[{i}]", "dlg") for i, t in enumerate(attack_tables)
+            )
         audit = dataclasses.replace(scenario.audit, attacks=attacks)  # re-runs the checks
         scenario = dataclasses.replace(scenario, audit=audit)
     return scenario
@@ -587,7 +600,8 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         for part in path[:-1]:
             parent = parent[part]
         parent[path[-1]] = _inline_component(parent[path[-1]])
-    table["audit"]["attacks"] = [_inline_component(a) for a in table["audit"]["attacks"]]
+    if scenario.audit.attacks != AUTO:
+        table["audit"]["attacks"] = [_inline_component(a) for a in table["audit"]["attacks"]]
     table["defences"] = [_inline_component(d) for d in table["defences"]]
     return typing.cast(dict[str, Any], table)
 

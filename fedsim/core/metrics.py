@@ -6,17 +6,23 @@ MSE), since attacks recover a set, not an order. PSNR uses peak 1 on
 ``[0, 1]``: ``10 * log10(1 / MSE)``. The GRNN authors' ``10*log10(255^2/RMSE)``
 and FedCG's peak-to-peak 2 give other numbers and are not comparable.
 SSIM is scikit-image's with a Gaussian window (sigma 1.5, i.e. 11 taps).
+
+The audit's uncertainty is stated here too: a median over victims with a
+percentile-bootstrap interval, and a success share with a Wilson interval,
+both from scipy.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
+from scipy.stats import binomtest, bootstrap
 from skimage.metrics import structural_similarity
 
 
@@ -93,3 +99,54 @@ def score_reconstruction(
         per_image_ssim=per_ssim,
         assignment=tuple(int(i) for i in order),
     )
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its 95 % interval (``nan`` bounds where none can be drawn)."""
+
+    value: float
+    low: float
+    high: float
+    count: int
+
+
+EXACT_PSNR = 150.0
+"""PSNRs above this (float32 rounding of an exact reconstruction, or +inf for a
+bit-exact one) are read as this value in statistics, so that medians and
+bootstrap percentiles stay finite."""
+
+
+def median_interval(
+    values: Sequence[float] | np.ndarray, seed: int, resamples: int = 2000
+) -> Interval:
+    """The median of ``values`` with a 95 % percentile-bootstrap interval (scipy's).
+
+    ``seed`` must come from an attacker-side named stream. NaNs are left out;
+    with fewer than two values there is no interval.
+    """
+    data = np.minimum(np.asarray(values, dtype=float), EXACT_PSNR)
+    data = data[~np.isnan(data)]
+    if len(data) == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    median = float(np.median(data))
+    if len(data) < 2 or np.all(data == data[0]):
+        return Interval(median, math.nan if len(data) < 2 else median, median, len(data))
+    result = bootstrap(
+        (data,),
+        np.median,
+        n_resamples=resamples,
+        confidence_level=0.95,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    ci = result.confidence_interval
+    return Interval(median, float(ci.low), float(ci.high), len(data))
+
+
+def success_interval(successes: int, trials: int) -> Interval:
+    """The success share with its 95 % Wilson score interval (scipy's ``binomtest``)."""
+    if trials == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    ci = binomtest(successes, trials).proportion_ci(confidence_level=0.95, method="wilson")
+    return Interval(successes / trials, float(ci.low), float(ci.high), trials)

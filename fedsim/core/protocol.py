@@ -76,9 +76,24 @@ CLIENTS_SAMPLED = "clients-sampled"
 CLIENTS_TRAINED = "clients-trained"
 FAILURES = "failures"
 SECONDS = "seconds"
-AUDIT_PSNR = "audit-psnr"  # sync audits: this round's means over attacks and victims
+# Sync audits: this round's verdict (engine.audit.verdict), the median over victims
+# of each victim's best attack, with its 95 % bootstrap interval; the share of
+# victims whose verdict reached the success PSNR, with its Wilson interval; and
+# 1 when an attack in the verdict did not converge (the verdict is a lower bound).
+AUDIT_PSNR = "audit-psnr"
+AUDIT_PSNR_LOW = "audit-psnr-low"
+AUDIT_PSNR_HIGH = "audit-psnr-high"
 AUDIT_SSIM = "audit-ssim"
 AUDIT_LABEL_ACC = "audit-label-acc"
+AUDIT_SUCCESS = "audit-success"
+AUDIT_SUCCESS_LOW = "audit-success-low"
+AUDIT_SUCCESS_HIGH = "audit-success-high"
+AUDIT_VICTIMS = "audit-victims"
+AUDIT_LOWER_BOUND = "audit-lower-bound"
+AUDIT_COLUMNS = (
+    *(AUDIT_PSNR, AUDIT_PSNR_LOW, AUDIT_PSNR_HIGH, AUDIT_SSIM, AUDIT_LABEL_ACC),
+    *(AUDIT_SUCCESS, AUDIT_SUCCESS_LOW, AUDIT_SUCCESS_HIGH, AUDIT_VICTIMS, AUDIT_LOWER_BOUND),
+)
 # FedCG's server distillation: teacher-student KL on held-out codes before it,
 # of the distilled pair, and of the pair kept (the distilled one only when it
 # lowered the KL: ``distill-accepted`` 1, else 0), and its wall seconds.
@@ -128,8 +143,11 @@ class AuditRecord:
     ssim: float
     mse: float
     label_acc: float
-    iterations: int
+    iterations: int  # the step budget
+    steps_taken: int  # steps run (fewer when the attack stopped early)
+    converged: bool  # the kept restart met the convergence rule (attacks.convergence)
     restarts: int
+    diverged_restarts: int  # restarts excluded: objective non-finite or above its start
     final_objective: float
     seconds: float
     wall_seconds: float
@@ -139,6 +157,9 @@ class AuditRecord:
     # ||simulated - intercepted|| / ||intercepted|| on the true batch (engine.audit.fidelity).
     fidelity_residual: float
     fidelity_note: str  # why the residual is large ("" when the attack's model is exact)
+    # The same residual on the attack's own reconstruction: what the attacker can
+    # compute without the truth, and how it picks among attacks (the verdict's pick).
+    attacker_residual: float
     device: str = "cpu"  # where the attack ran ("cpu" or the GPU's name)
     gpu_seconds: float = 0.0  # its share of the task's time holding a GPU
     peak_gpu_mb: float = 0.0  # the task's peak GPU memory (MiB)
@@ -154,3 +175,41 @@ class AuditRecord:
         if field_name not in names:
             raise KeyError(f"audit.csv has no column for {field_name!r}")
         return kebab(field_name)
+
+
+@dataclass(frozen=True)
+class VerdictRecord:
+    """One row of ``verdict.csv``: the worst case over a victim's attacks in one round.
+
+    ``psnr``/``ssim``/``label_acc`` are the best any attack reached (the
+    auditor's reading, chosen with the truth in the scorer), each with the
+    attack that reached it. ``pick_*`` is the attacker's own reading: the
+    attack whose reconstruction best reproduces the intercepted gradient
+    (lowest ``attacker-residual``), chosen without the truth. ``bound`` is
+    ``converged`` when every attack converged, else ``lower bound``.
+    """
+
+    round: int
+    client: int
+    batch_size: int
+    attacks: int
+    attacks_converged: int
+    bound: str
+    psnr: float
+    psnr_attack: str
+    ssim: float
+    ssim_attack: str
+    label_acc: float
+    label_acc_attack: str
+    pick_attack: str
+    pick_psnr: float
+    pick_ssim: float
+    pick_residual: float
+
+    def to_row(self) -> dict[str, Any]:
+        """The CSV row, kebab-case keys in field order."""
+        return {kebab(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+CONVERGED = "converged"
+LOWER_BOUND = "lower bound"

@@ -51,6 +51,7 @@ class SeedStream(enum.Enum):
     DISTILL_PROBE = ("distill-probe", Party.FEDERATION, ("seed", "round"))
     # The attacker: the audit and fedsim attack.
     AUDIT_VICTIMS = ("audit-victims", Party.ATTACKER, ("seed", "round"))
+    AUDIT_BOOTSTRAP = ("audit-bootstrap", Party.ATTACKER, ("seed", "round"))
     ATTACK = ("attack", Party.ATTACKER, ("seed", "round", "partition"))
     # The audit attacks a round's victims in batches; restarts are seeded per row.
     AUDIT_ATTACK = ("audit-attack", Party.ATTACKER, ("seed", "round"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from fedsim.core.config import (
     DataConfig,
     ModelConfig,
     ScenarioError,
+    first_line,
     lookup,
     parse_table,
     require,
@@ -170,6 +172,7 @@ class AttackExperiment:
     dataset: str = "cifar100-samples"
     model: str = "lenet-zhu"
     init: str = "uniform"
+    weights: str | None = None  # a run's model.pt: every victim at these weights
     batch_size: int = 1
     num_images: int = 8
     seed: int = 0
@@ -209,6 +212,12 @@ class AttackExperiment:
         lookup(DATASETS, self.dataset, "--dataset")
         lookup(MODELS, self.model, "--model")
         lookup(INITS, self.init, "--init")
+        require(
+            self.weights is None or Path(self.weights).is_file(),
+            "--weights",
+            self.weights,
+            "no such file (a run's model.pt)",
+        )
         check_model_fits(self.model, self.image_size, self.channels == "rgb", "--image-size")
         pick_device(self.device)
         self.attack_params()  # validated up front
@@ -259,6 +268,8 @@ class AttackOutcome:
                 "seconds": rec.seconds,
                 "restarts": rec.restarts,
                 "steps": rec.iterations,
+                "steps-taken": rec.steps_taken,
+                "converged": rec.converged,
             }
             for b, (idx, probe, rec, score) in enumerate(
                 zip(self.images, self.probes, self.reconstructions, self.scores, strict=True)
@@ -301,6 +312,21 @@ def _victim_data(experiment: AttackExperiment) -> tuple[DatasetBundle, int]:
     return data, classes
 
 
+def load_weights(path: str | None, model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """A run's ``model.pt`` as a state dict for ``model``; a file that does not fit is a
+    :class:`ScenarioError` on ``--weights``."""
+    if path is None:
+        return None
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+        model.load_state_dict(state)
+    except (OSError, RuntimeError, pickle.UnpicklingError) as err:
+        raise ScenarioError(
+            "--weights", path, f"does not fit the model ({first_line(err)})"
+        ) from None
+    return dict(state)
+
+
 def experiment_probes(experiment: AttackExperiment) -> tuple[list[Probe], list[list[int]]]:
     """One gradient probe per batch, each under its own fresh victim model."""
     data, classes = _victim_data(experiment)
@@ -308,10 +334,13 @@ def experiment_probes(experiment: AttackExperiment) -> tuple[list[Probe], list[l
     picked = torch.randperm(len(data.test_images), generator=gen)[: experiment.num_images]
     spec = InputSpec(data.channels, data.image_size, classes)
     model_cfg = ModelConfig(experiment.model, experiment.init)
+    trained = load_weights(experiment.weights, build_model(model_cfg, spec, seed=0))
     probes, batches = [], []
     for b, idx in enumerate(picked.split(experiment.batch_size)):
         seed = derive_seed(SeedStream.EXPERIMENT_VICTIM, experiment.seed, b)
         model = build_model(model_cfg, spec, seed=seed)
+        if trained is not None:
+            model.load_state_dict(trained)
         probes.append(
             gradient_probe(
                 model,

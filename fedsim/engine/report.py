@@ -1,11 +1,13 @@
 """``report.html``: one self-contained page per run and per sweep.
 
 A run's page: overview, accuracy and loss curves (every further numeric
-per-round metric gets its own panel), the audit's PSNR / SSIM / label accuracy
-per round and attack, the audit table, the labelled reconstruction grids per
-audited round, the resource plan (when the run directory has one) and the
-resolved scenario. A sweep's page: the privacy-utility plot, the table (mean,
-median, max PSNR and success share) and links to its runs' pages. Plots come
+per-round metric gets its own panel), the audit's verdict per round (the
+worst case over its attacks, with its intervals as bands) and per victim,
+then the single attacks' PSNR / SSIM / label accuracy per round, the audit
+table, the labelled reconstruction grids per audited round, the resource
+plan (when the run directory has one) and the resolved scenario. A sweep's
+page: the privacy-utility plot, the table (mean, median, max PSNR and success
+share) and links to its runs' pages. Plots come
 from matplotlib, the page from the Jinja2 templates of
 :mod:`fedsim.engine.report_templates`, and every image is embedded as a
 ``data:`` URI, so the file can be mailed.
@@ -28,6 +30,7 @@ from matplotlib.ticker import MaxNLocator
 
 from fedsim import fedsim_version
 from fedsim.core import protocol
+from fedsim.core.metrics import EXACT_PSNR
 from fedsim.core.protocol import AuditRecord
 from fedsim.engine.figures import data_uri, figure_png
 from fedsim.engine.report_templates import TEMPLATES
@@ -38,12 +41,15 @@ from fedsim.engine.results import (
     METRICS_FILE,
     REPORT_FILE,
     SCENARIO_FILE,
+    VERDICT_FILE,
     audit_image_name,
+    audit_seed,
     audit_table,
     duration,
     mean_std_text,
     number_text,
     read_wall_seconds,
+    round_verdict_table,
 )
 
 # Files a resource plan may be written to (issue 13's runner); shown when present.
@@ -55,10 +61,8 @@ NOT_CURVES = {
     protocol.CLIENTS_TRAINED,
     protocol.FAILURES,
     protocol.SECONDS,
-    # The audit's round means have their own section (per attack).
-    protocol.AUDIT_PSNR,
-    protocol.AUDIT_SSIM,
-    protocol.AUDIT_LABEL_ACC,
+    # The audit's verdict has its own section.
+    *protocol.AUDIT_COLUMNS,
 }
 ACCURACY = (protocol.TEST_ACC, protocol.CLIENT_EVAL_ACC)
 LOSS = (protocol.TRAIN_LOSS, protocol.TEST_LOSS, protocol.CLIENT_EVAL_LOSS)
@@ -148,6 +152,71 @@ def curves_figure(metrics: pd.DataFrame) -> Figure:
     return fig
 
 
+def verdict_figure(rounds: pd.DataFrame, audit: pd.DataFrame, success_psnr: float) -> Figure:
+    """The verdict per round: median PSNR over victims with its bootstrap band (the
+    single attacks' medians thin beneath it), and the success share with its Wilson band.
+    A hollow marker is a lower bound (an attack in it did not converge)."""
+    col = AuditRecord.column
+    fig = Figure(figsize=(12.6, 3.2))
+    psnr_ax, success_ax = fig.subplots(1, 2)
+    x = rounds[protocol.ROUND].to_numpy()
+    lower = rounds[protocol.AUDIT_LOWER_BOUND].to_numpy() > 0
+    for ax, key, low, high, label in (
+        (
+            psnr_ax,
+            protocol.AUDIT_PSNR,
+            protocol.AUDIT_PSNR_LOW,
+            protocol.AUDIT_PSNR_HIGH,
+            "median PSNR",
+        ),
+        (
+            success_ax,
+            protocol.AUDIT_SUCCESS,
+            protocol.AUDIT_SUCCESS_LOW,
+            protocol.AUDIT_SUCCESS_HIGH,
+            "success share",
+        ),
+    ):
+        y = rounds[key].astype(float).to_numpy()
+        ax.fill_between(
+            x,
+            rounds[low].astype(float),
+            rounds[high].astype(float),
+            alpha=0.25,
+            color="C3",
+            label="95 % interval",
+        )
+        ax.plot(x, y, color="C3", linewidth=2, label=f"verdict ({label})")
+        ax.scatter(x[~lower], y[~lower], color="C3", zorder=3)
+        ax.scatter(
+            x[lower],
+            y[lower],
+            facecolors="white",
+            edgecolors="C3",
+            zorder=3,
+            label="lower bound" if lower.any() else None,
+        )
+    for attack, group in audit.groupby(col("attack"), sort=False):
+        values = group[col("psnr")].astype(float).clip(upper=EXACT_PSNR)
+        per_round = values.groupby(group[col("round")]).median()
+        psnr_ax.plot(
+            per_round.index,
+            per_round.to_numpy(),
+            linewidth=0.8,
+            alpha=0.7,
+            marker=".",
+            label=attack,
+        )
+    psnr_ax.axhline(success_psnr, linestyle="--", color="grey", linewidth=1)
+    psnr_ax.set_title("verdict PSNR (dB): best attack per victim, median over victims", fontsize=9)
+    success_ax.set_ylim(-0.02, 1.02)
+    success_ax.set_title(f"share of victims with verdict PSNR >= {success_psnr:g} dB", fontsize=9)
+    for ax in (psnr_ax, success_ax):
+        _round_axis(ax)
+    fig.tight_layout()
+    return fig
+
+
 def audit_curves_figure(audit: pd.DataFrame, success_psnr: float) -> Figure:
     """PSNR, SSIM and label accuracy per round (mean over victims), a line per attack."""
     col = AuditRecord.column
@@ -215,8 +284,39 @@ AUDIT_SUMMARY_COLUMNS = [
 ]
 AUDIT_ROW_FIELDS = (
     *("round", "client", "attack", "threat_model", "batch_size"),
-    *("psnr", "ssim", "label_acc", "final_objective", "seconds"),
+    *("psnr", "ssim", "label_acc", "final_objective", "steps_taken", "converged", "seconds"),
 )
+VERDICT_ROUND_COLUMNS = [
+    Column("round", "round"),
+    Column("victims", "victims"),
+    Column("psnr", "verdict PSNR (median)"),
+    Column("psnr-interval", "95 % interval", "text"),
+    Column("success", "success", "text"),
+    Column("ssim", "SSIM (median)"),
+    Column("label-acc", "label acc. (median)"),
+    Column("bound", "bound", "text"),
+    Column("strongest", "strongest attack", "text"),
+]
+VERDICT_VICTIM_COLUMNS = [
+    Column(k, k, "text" if k.endswith("attack") or k == "bound" else "number")
+    for k in (
+        "round",
+        "client",
+        "batch-size",
+        "attacks",
+        "attacks-converged",
+        "bound",
+        "psnr",
+        "psnr-attack",
+        "ssim",
+        "ssim-attack",
+        "label-acc",
+        "label-acc-attack",
+        "pick-attack",
+        "pick-psnr",
+        "pick-residual",
+    )
+]
 
 
 def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> Path:
@@ -240,10 +340,19 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
         "success_psnr": f"{success_psnr:g}",
     }
     if not audit.empty:
+        verdicts = pd.read_csv(run_dir / VERDICT_FILE)
+        rounds = round_verdict_table(verdicts, audit_seed(scenario), success_psnr)
         summary = audit_table(audit, success_psnr)
         summary["success-rate"] = [f"{v:.0%}" for v in summary["success-rate"]]
         columns = [Column(AuditRecord.column(f), AuditRecord.column(f)) for f in AUDIT_ROW_FIELDS]
         context.update(
+            verdict_curves=data_uri(
+                figure_png(verdict_figure(pd.DataFrame(rounds.raw), audit, success_psnr))
+            ),
+            verdict_rounds=rounds.rows,
+            verdict_round_columns=VERDICT_ROUND_COLUMNS,
+            verdict_victims=_formatted(verdicts.to_dict("records"), {}),
+            verdict_victim_columns=VERDICT_VICTIM_COLUMNS,
             audit_curves=data_uri(figure_png(audit_curves_figure(audit, success_psnr))),
             audit_summary=_formatted(summary.to_dict("records"), {}),
             audit_summary_columns=AUDIT_SUMMARY_COLUMNS,

@@ -67,8 +67,19 @@ TEMPLATES: dict[str, str] = {
 </section>
 
 {% if audited %}
+<section id="audit-verdict">
+<h2>Privacy audit: the verdict per round</h2>
+<p>A round is only as private as its strongest attack allows. Per victim the verdict is the best PSNR, SSIM and label accuracy any attack reached (chosen with the truth, inside the scorer); per round, the median over victims with a 95 % bootstrap interval, and the share of victims at or above {{ success_psnr }} dB with a Wilson interval. A <em>lower bound</em> has an attack that did not converge: more steps could recover more.</p>
+{{ m.image(verdict_curves, "audit verdict per round",
+  "Verdict: median over victims of each victim's best attack, band = 95 % bootstrap interval; thin lines: each attack's median alone; hollow markers: lower bounds. Right: success share with its Wilson interval.") }}
+{{ m.table(verdict_rounds, verdict_round_columns) }}
+<h3>Per victim</h3>
+<p>pick-*: the reconstruction the attacker would choose without the truth (the attack whose reconstruction best reproduces the intercepted gradient, lowest residual).</p>
+{{ m.table(verdict_victims, verdict_victim_columns) }}
+</section>
+
 <section id="audit-curves">
-<h2>Privacy audit per round</h2>
+<h2>Single attacks per round</h2>
 {{ m.image(audit_curves, "audit PSNR, SSIM and label accuracy per round",
   "Mean over the round's victims, one line per attack. PSNR: 10 log10(1/MSE) on [0, 1] pixels after Hungarian matching; the dashed line is the success threshold (" ~ success_psnr ~ " dB).") }}
 </section>

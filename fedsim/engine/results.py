@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
@@ -23,10 +24,12 @@ import tomli_w
 import torch
 from flwr.app import ArrayRecord
 from rich.console import Console
+from tabulate import tabulate
 
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, require, scenario_to_dict
 from fedsim.core.protocol import AuditRecord
+from fedsim.engine.audit.verdict import round_verdicts
 from fedsim.engine.loop import RoundRecord
 
 METRICS_FILE = "metrics.csv"
@@ -36,6 +39,7 @@ MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.md"
 AUDIT_FILE = "audit.csv"  # one row per attack (fedsim.core.protocol.AuditRecord)
 AUDIT_IMAGES = "audit"  # truth above reconstruction, one PNG per attack
+VERDICT_FILE = "verdict.csv"  # one row per victim and round (fedsim.core.protocol.VerdictRecord)
 CLIENT_STATE_DIR = "client_state"  # client-private files; never read by the server
 CHECKPOINT_DIR = "checkpoint"
 REPORT_FILE = "report.html"
@@ -53,6 +57,7 @@ RUN_OUTPUTS = (
     RUN_INFO_FILE,
     AUDIT_FILE,
     AUDIT_IMAGES,
+    VERDICT_FILE,
     CLIENT_STATE_DIR,
     CHECKPOINT_DIR,
     REPORT_FILE,
@@ -264,6 +269,7 @@ def audit_table(audit: pd.DataFrame, threshold: float = DEFAULT_SUCCESS_PSNR) ->
             **leakage_stats(group[col("psnr")], threshold),
             "ssim-mean": float(group[col("ssim")].mean()),
             "label-acc-mean": float(group[col("label_acc")].mean()),
+            "converged-share": float(group[col("converged")].astype(bool).mean()),
             "seconds-mean": float(group[col("seconds")].mean()),
         }
         for attack, group in audit.groupby(col("attack"), sort=False)
@@ -420,24 +426,104 @@ def read_wall_seconds(run_dir: Path) -> float:
     return float(json.loads(path.read_text()).get(WALL_SECONDS, math.nan))
 
 
+@dataclass(frozen=True)
+class VerdictTable:
+    """The verdict per round: numbers (``raw``) and the same as table cells (``rows``)."""
+
+    raw: list[dict[str, Any]]
+    rows: list[dict[str, str]]
+
+
+def _interval_text(low: float, high: float, digits: int = 1, scale: float = 1.0) -> str:
+    if math.isnan(low) or math.isnan(high):
+        return "-"
+    return f"[{low * scale:.{digits}f}, {high * scale:.{digits}f}]"
+
+
+def round_verdict_table(
+    verdicts: pd.DataFrame, audit_seed: int, threshold: float = DEFAULT_SUCCESS_PSNR
+) -> VerdictTable:
+    """The verdict per round (:mod:`fedsim.engine.audit.verdict`) for a report or summary."""
+    raw = round_verdicts(verdicts, audit_seed, threshold)
+    rows = []
+    for r in raw:
+        victims = int(r[protocol.AUDIT_VICTIMS])
+        interval = _interval_text(r[protocol.AUDIT_PSNR_LOW], r[protocol.AUDIT_PSNR_HIGH])
+        share = number_text(r[protocol.AUDIT_SUCCESS], 0, 100, " %")
+        bounds = (r[protocol.AUDIT_SUCCESS_LOW], r[protocol.AUDIT_SUCCESS_HIGH])
+        success = f"{share} {_interval_text(*bounds, 0, 100)}"
+        rows.append(
+            {
+                "round": str(r[protocol.ROUND]),
+                "victims": str(victims),
+                "psnr": number_text(r[protocol.AUDIT_PSNR]),
+                "psnr-interval": interval if victims > 1 else "- (one victim)",
+                "success": success,
+                "ssim": number_text(r[protocol.AUDIT_SSIM], 3),
+                "label-acc": number_text(r[protocol.AUDIT_LABEL_ACC], 0, 100, " %"),
+                "bound": protocol.LOWER_BOUND
+                if r[protocol.AUDIT_LOWER_BOUND]
+                else protocol.CONVERGED,
+                "strongest": str(r["strongest"]),
+            }
+        )
+    return VerdictTable(raw, rows)
+
+
+def audit_seed(scenario_toml: str) -> int:
+    """``audit.seed`` of a run's ``scenario.toml`` text (its bootstrap stream's seed)."""
+    return int(tomllib.loads(scenario_toml).get("audit", {}).get("seed", 0))
+
+
 def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) -> list[str]:
-    """The audit in markdown: one table row per attack (nothing if not audited)."""
+    """The audit in markdown: the verdict per round, then one row per attack (nothing if
+    not audited)."""
     if not (run_dir / AUDIT_FILE).is_file():
         return []
+    verdicts = pd.read_csv(run_dir / VERDICT_FILE)
+    seed = audit_seed((run_dir / SCENARIO_FILE).read_text())
+    verdict = round_verdict_table(verdicts, seed, threshold)
+    lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.rows)
+    headers = [
+        "round",
+        "victims",
+        "verdict PSNR",
+        "95 % interval",
+        "success",
+        "SSIM",
+        "label acc.",
+        "bound",
+        "strongest attack",
+    ]
     table = audit_table(pd.read_csv(run_dir / AUDIT_FILE), threshold)
     lines = [
         "",
         "## Privacy audit",
         "",
-        f"PSNR in dB (peak 1 on [0, 1] pixels); success = PSNR >= {threshold:g} dB.",
+        "The verdict per round: for each victim the best PSNR any attack reached, then the "
+        "median over the round's victims with a 95 % bootstrap interval, and the share of "
+        f"victims at or above {threshold:g} dB with a Wilson interval. PSNR in dB (peak 1 on "
+        "[0, 1] pixels). Per victim: `verdict.csv`.",
         "",
-        "| attack | attacks | PSNR mean | median | max | success | SSIM | label acc. |",
-        "|---|---|---|---|---|---|---|---|",
+        tabulate([list(r.values()) for r in verdict.rows], headers, tablefmt="github"),
+        "",
+    ]
+    if lower:
+        lines += [
+            "A *lower bound*: an attack in that round did not converge (`converged` in "
+            "`audit.csv`); more steps could recover more.",
+            "",
+        ]
+    lines += [
+        "Single attacks (all rounds and victims):",
+        "",
+        "| attack | attacks | PSNR mean | median | max | success | SSIM | label acc. | converged |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
         lines.append(
             f"| {r['attack']} | {r['attacks']} | {r['psnr-mean']:.2f} | {r['psnr-median']:.2f} "
             f"| {r['psnr-max']:.2f} | {r['success-rate']:.0%} | {r['ssim-mean']:.3f} "
-            f"| {r['label-acc-mean']:.0%} |"
+            f"| {r['label-acc-mean']:.0%} | {r['converged-share']:.0%} |"
         )
     return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -21,6 +22,7 @@ from fedsim.core.models import InputSpec
 from fedsim.core.training import client_config_record, pick_device
 from fedsim.engine.audit.auditor import Auditor
 from fedsim.engine.audit.observe import ServerView
+from fedsim.engine.audit.portfolio import resolve_attacks
 from fedsim.engine.audit.wrapper import AuditedStrategy
 from fedsim.engine.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
 from fedsim.engine.discovery import discover_partitions
@@ -142,7 +144,9 @@ def serve(
         truth = ClientReplay(
             scenario, strategy_cls.client_routine, recorder.run_dir / CLIENT_STATE_DIR
         )
-        auditor = Auditor(scenario.audit, view, truth, recorder.run_dir, console)
+        attacks = resolve_attacks(scenario, strategy_cls.shared_prefixes)
+        audit = dataclasses.replace(scenario.audit, attacks=attacks)
+        auditor = Auditor(audit, view, truth, recorder.run_dir, console)
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
     logs = (TensorBoardLog(recorder),) if scenario.log.tensorboard else ()
     components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]

@@ -39,6 +39,7 @@ from fedsim.core.data import DATASETS, check_dataset_available, load_raw, shaped
 from fedsim.core.models import INITS, MODELS, InputSpec
 from fedsim.core.partition import PARTITIONERS, partition_dataset
 from fedsim.core.training import smallest_batch
+from fedsim.engine.audit.portfolio import resolve_attacks
 from fedsim.engine.resources import test_logical_gpus
 from fedsim.strategies import STRATEGIES
 
@@ -111,6 +112,14 @@ def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> None:
         list(audit.rounds),
         f"rounds are 1 to {fed.rounds} (federation.rounds); {late} would audit nothing",
     )
+    if isinstance(audit.attacks, str):  # "auto"
+        require(
+            bool(resolve_attacks(scenario, uploads)),
+            "audit.attacks",
+            audit.attacks,
+            "no registered attack applies to this scenario; list attacks by hand",
+        )
+        return
     for i, attack in enumerate(audit.attacks):
         check_attack(attack, f"audit.attacks[{i}]", scenario, uploads)
 

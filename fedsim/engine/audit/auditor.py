@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import pandas as pd
 import ray
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -51,13 +51,21 @@ from fedsim.core.protocol import AuditRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
-from fedsim.engine.audit.fidelity import fidelity_residual, residual_note
+from fedsim.engine.audit.fidelity import attacker_residual, fidelity_residual, residual_note
 from fedsim.engine.audit.observe import ServerView, observe_reply, reveal_batch_statistics
+from fedsim.engine.audit.verdict import round_verdict, victim_verdicts
 from fedsim.engine.figures import draw_pairs, scored_pairs
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.progress import AttackProgressLines, board_reporter, start_board
 from fedsim.engine.resources import audit_reservation
-from fedsim.engine.results import AUDIT_FILE, AUDIT_IMAGES, audit_image_name, write_csv_atomic
+from fedsim.engine.results import (
+    AUDIT_FILE,
+    AUDIT_IMAGES,
+    DEFAULT_SUCCESS_PSNR,
+    VERDICT_FILE,
+    audit_image_name,
+    write_csv_atomic,
+)
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 PROGRESS_EVERY_S = 30.0  # a line while the round waits for its attacks: never silent
@@ -160,7 +168,13 @@ class Auditor:
             raise ValueError(
                 "the probe threat model computes client gradients: it needs a truth source"
             )
+        if isinstance(cfg.attacks, str):
+            raise ValueError(
+                f"audit.attacks = {cfg.attacks!r}: resolve it first "
+                "(fedsim.engine.audit.portfolio.resolve_attacks)"
+            )
         self.cfg = cfg
+        self.attacks: tuple[ComponentConfig, ...] = cfg.attacks
         self.view = view
         self.truth = truth
         self.run_dir = run_dir
@@ -233,7 +247,7 @@ class Auditor:
             )
             targets.append(_Victim(partition, observation, truth))
         tasks = min(len(targets), self.cfg.workers)
-        for attack in self.cfg.attacks:
+        for attack in self.attacks:
             seen = [_as_seen_by(attack, victim) for victim in targets]
             for first in range(tasks):
                 self._submit(_Job(server_round, attack, seen[first::tasks], 0.0))
@@ -241,10 +255,10 @@ class Auditor:
     def _label(self, attack: ComponentConfig) -> str:
         """The attack's name, numbered by its place in ``audit.attacks`` when the
         name occurs more than once (e.g. one attack under several threat models)."""
-        names = [a.name for a in self.cfg.attacks]
+        names = [a.name for a in self.attacks]
         if names.count(attack.name) == 1:
             return attack.name
-        return f"{attack.name}-{self.cfg.attacks.index(attack) + 1}"
+        return f"{attack.name}-{self.attacks.index(attack) + 1}"
 
     def _seed(self, server_round: int) -> int:
         return derive_seed(SeedStream.AUDIT_ATTACK, self.cfg.seed, server_round)
@@ -377,7 +391,10 @@ class Auditor:
             mse=score.mse if score else math.nan,
             label_acc=score.label_accuracy if score else math.nan,
             iterations=rec.iterations,
+            steps_taken=rec.steps_taken,
+            converged=rec.converged,
             restarts=rec.restarts,
+            diverged_restarts=int(rec.details.get("diverged_restarts", 0)),
             final_objective=rec.final_objective,
             seconds=rec.seconds,
             wall_seconds=time.perf_counter() - job.submitted,
@@ -385,6 +402,7 @@ class Auditor:
             batchnorm=batchnorm,
             fidelity_residual=residual,
             fidelity_note=residual_note(residual, job.attack, obs, batchnorm),
+            attacker_residual=attacker_residual(job.attack, obs, rec, self._seed(job.round)),
             device=use.device,
             gpu_seconds=use.gpu_seconds,
             peak_gpu_mb=use.peak_gpu_mb,
@@ -417,18 +435,17 @@ class Auditor:
     # -- loop hooks --------------------------------------------------------------
 
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
-        """Sync mode: finish this round's attacks; add their means to the round."""
+        """Sync mode: finish this round's attacks; add the round's verdict to its metrics."""
         if self.cfg.mode == "sync":
             self._wait(record.round)
             col = AuditRecord.column
-            rows = [r for r in self.rows if r[col("round")] == record.round]
+            with self._lock:
+                rows = [r for r in self.rows if r[col("round")] == record.round]
             if rows:
-                psnr = [r[col("psnr")] for r in rows if math.isfinite(r[col("psnr")])]
-                record.server[protocol.AUDIT_PSNR] = float(np.mean(psnr)) if psnr else math.inf
-                ssim = [r[col("ssim")] for r in rows]
-                record.server[protocol.AUDIT_SSIM] = float(np.mean(ssim))
-                labels = [r[col("label_acc")] for r in rows]
-                record.server[protocol.AUDIT_LABEL_ACC] = float(np.mean(labels))
+                verdicts = victim_verdicts(pd.DataFrame(rows))
+                record.server.update(
+                    round_verdict(verdicts, record.round, self.cfg.seed, DEFAULT_SUCCESS_PSNR)
+                )
 
     # -- checkpointing (fedsim.engine.checkpoint.Checkpointable) ------------------------
 
@@ -447,9 +464,15 @@ class Auditor:
                 self._write_rows()
 
     def _write_rows(self) -> None:
+        """``audit.csv`` and the verdicts derived from it (``verdict.csv``)."""
         order = [AuditRecord.column(c) for c in ("round", "client", "attack")]
         rows = sorted(self.rows, key=lambda r: tuple(r[c] for c in order))
         write_csv_atomic(rows, self.run_dir / AUDIT_FILE)
+        verdicts = victim_verdicts(pd.DataFrame(rows))
+        write_csv_atomic(
+            [{str(k): v for k, v in r.items()} for r in verdicts.to_dict("records")],
+            self.run_dir / VERDICT_FILE,
+        )
 
     def finish(self) -> None:
         """Join every outstanding attack (called before the run ends)."""

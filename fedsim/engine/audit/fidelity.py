@@ -24,7 +24,8 @@ import math
 import torch
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.base import Observation
+from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.gradients import local_steps_taken
 from fedsim.attacks.matching import GradientMatchingAttack
 from fedsim.core.config import ComponentConfig, component_params
@@ -46,6 +47,25 @@ def fidelity_residual(
     with torch.no_grad():
         images, labels = truth.images.float(), truth.labels.long()
     return instance.fidelity_residual(observation, images, labels, seed)
+
+
+def attacker_residual(
+    attack: ComponentConfig, observation: Observation, rec: Reconstruction, seed: int
+) -> float:
+    """The residual of the attack's own reconstruction: computable without the truth.
+
+    Through the attack's model of the client where it has one, else (GRNN,
+    closed-form attacks) through DLG's plain one-gradient model. Across
+    attacks on one victim, the lowest is the reconstruction the attacker
+    itself would pick.
+    """
+    attack_cls = ATTACKS.get(attack.name)
+    model: GradientMatchingAttack
+    if issubclass(attack_cls, GradientMatchingAttack):
+        model = attack_cls(component_params(attack_cls, attack, "audit.attacks"))
+    else:
+        model = DLG(DLGParams())
+    return model.fidelity_residual(observation, rec.images.float(), rec.labels.long(), seed)
 
 
 def residual_note(

@@ -1,0 +1,104 @@
+"""When an optimisation attack has converged, diverged, or simply ran out of steps.
+
+One stated rule for every optimisation attack, applied per row (a restart of
+one victim):
+
+- **stalled** at step ``t``: the lowest objective so far improved by at most
+  ``rtol`` (relative) over the last ``window`` steps,
+  ``best[t - window] - best[t] <= rtol * |best[t - window]|``;
+- **converged**: stalled when the attack stopped (early, or at its budget);
+  a row that was still improving at its last step has *not* converged, and a
+  result built on it is a lower bound of what the attack could reach;
+- **diverged**: its objective became non-finite (the optimisers stop such a
+  row, see :mod:`fedsim.attacks.optim`) or ended above where it started.
+
+With ``early_stop`` the attack ends once every live row has stalled (for a
+step-decayed schedule, a stall first moves every row on to the next, smaller
+learning rate, and only a stall in the last phase ends it). Diverged rows are
+never chosen over a finite one, because their final objective is infinite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedsim.core.config import require
+
+
+@dataclass(frozen=True)
+class ConvergenceRule:
+    """The stall rule's window and tolerance.
+
+    Attributes
+    ----------
+    window:
+        Steps over which the best objective must improve; ``None`` takes a
+        tenth of the budget (at least :data:`MIN_WINDOW`).
+    rtol:
+        The relative improvement over a window below which a row has stalled.
+    early_stop:
+        End the optimisation once every live row has stalled.
+    """
+
+    window: int | None = None
+    rtol: float = 1e-3
+    early_stop: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.window is None or self.window >= 1, "window", self.window, "must be >= 1")
+        require(0 <= self.rtol < 1, "rtol", self.rtol, "must be in [0, 1)")
+
+    def steps_in_window(self, budget: int) -> int:
+        """The window for an optimisation of ``budget`` steps."""
+        return self.window if self.window is not None else max(MIN_WINDOW, budget // 10)
+
+
+MIN_WINDOW = 5
+
+
+class ConvergenceTracker:
+    """Follows the objective of ``rows`` independent problems step by step.
+
+    Call :meth:`update` with each step's objective (``(rows,)``, infinite for
+    a diverged row); :meth:`stalled` says which rows have stalled since
+    :meth:`restart_window` (a new learning-rate phase) or the start.
+    """
+
+    def __init__(self, rows: int, window: int, rtol: float, device: torch.device) -> None:
+        self.window, self.rtol = window, rtol
+        self.best: list[torch.Tensor] = []  # best objective so far, per step
+        self.first = torch.full((rows,), float("nan"), device=device)
+        self.phase_start = 0
+
+    @property
+    def steps(self) -> int:
+        """Steps recorded so far."""
+        return len(self.best)
+
+    def update(self, objective: torch.Tensor) -> None:
+        """Record one step's objective per row."""
+        value = objective.detach().to(self.first.dtype)
+        if not self.best:
+            self.first = value.clone()
+            self.best.append(value.clone())
+        else:
+            self.best.append(torch.minimum(self.best[-1], value))
+
+    def restart_window(self) -> None:
+        """A new phase (a smaller learning rate) starts now: stalls count from here."""
+        self.phase_start = self.steps
+
+    def stalled(self) -> torch.Tensor:
+        """Rows whose best objective improved by at most ``rtol`` over the last window."""
+        if self.steps - self.phase_start <= self.window:
+            return torch.zeros_like(self.first, dtype=torch.bool)
+        old, new = self.best[-1 - self.window], self.best[-1]
+        finite = torch.isfinite(old) & torch.isfinite(new)
+        return finite & ((old - new) <= self.rtol * old.abs())
+
+    def diverged(self, final: torch.Tensor) -> torch.Tensor:
+        """Rows whose final objective is not finite or lies above their starting one."""
+        final = final.to(self.first.dtype)
+        return ~torch.isfinite(final) | (final > self.first)

@@ -1,0 +1,148 @@
+"""The audit's verdict: per victim the worst case over its attacks, per round with its uncertainty.
+
+A round is only as private as its strongest attack allows. For each victim
+(a client attacked in a round) the verdict takes, over every attack that ran
+on it, the best PSNR, SSIM and label accuracy, each with the attack that
+reached it: the auditor's worst case, chosen with the truth inside the
+scorer. Beside it stands the attacker's own reading, the reconstruction it
+would pick without the truth: the attack whose reconstruction best
+reproduces the intercepted gradient (lowest ``attacker-residual``). A verdict
+with any attack that did not converge is marked a *lower bound*.
+
+Per round, the verdicts of the round's victims give the median PSNR with a
+95 % percentile-bootstrap interval (seeded from the attacker's
+``audit-bootstrap`` stream) and the share of victims the audit succeeded on
+with a Wilson interval (:mod:`fedsim.core.metrics`). Everything here is a
+function of ``audit.csv``: the verdict is recomputed, never stored state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fedsim.core import protocol
+from fedsim.core.metrics import median_interval, success_interval
+from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord, VerdictRecord
+from fedsim.core.seeds import SeedStream, derive_seed
+
+_col = AuditRecord.column
+
+
+def _best(group: pd.DataFrame, field_name: str) -> tuple[float, str]:
+    """The highest finite-or-inf value of a score column and the attack that reached it."""
+    values = group[_col(field_name)].astype(float)
+    known = values[~values.isna()]
+    if known.empty:
+        return math.nan, ""
+    at = int(known.to_numpy().argmax())
+    return float(known.iloc[at]), str(group[_col("attack")].loc[known.index[at]])
+
+
+def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
+    """The verdict of one victim in one round from its attacks' ``audit.csv`` rows."""
+    group = group.reset_index(drop=True)
+    converged = group[_col("converged")].astype(bool)
+    psnr, psnr_attack = _best(group, "psnr")
+    ssim, ssim_attack = _best(group, "ssim")
+    label_acc, label_attack = _best(group, "label_acc")
+    residual = group[_col("attacker_residual")].astype(float)
+    if residual.notna().any():
+        pick = group.iloc[int(residual.fillna(math.inf).to_numpy().argmin())]
+        pick_attack, pick_psnr, pick_ssim = (
+            str(pick[_col("attack")]),
+            pick[_col("psnr")],
+            pick[_col("ssim")],
+        )
+        pick_residual = float(residual.min())
+    else:
+        pick_attack, pick_psnr, pick_ssim, pick_residual = "", math.nan, math.nan, math.nan
+    first = group.iloc[0]
+    return VerdictRecord(
+        round=int(first[_col("round")]),
+        client=int(first[_col("client")]),
+        batch_size=int(first[_col("batch_size")]),
+        attacks=len(group),
+        attacks_converged=int(converged.sum()),
+        bound=CONVERGED if bool(converged.all()) else LOWER_BOUND,
+        psnr=psnr,
+        psnr_attack=psnr_attack,
+        ssim=ssim,
+        ssim_attack=ssim_attack,
+        label_acc=label_acc,
+        label_acc_attack=label_attack,
+        pick_attack=pick_attack,
+        pick_psnr=float(pick_psnr),
+        pick_ssim=float(pick_ssim),
+        pick_residual=pick_residual,
+    )
+
+
+def victim_verdicts(audit: pd.DataFrame) -> pd.DataFrame:
+    """One :class:`~fedsim.core.protocol.VerdictRecord` row per (round, client) of ``audit``."""
+    if audit.empty:
+        return pd.DataFrame(columns=[protocol.kebab(n) for n in VerdictRecord.__annotations__])
+    rows = [
+        victim_verdict(group).to_row()
+        for _, group in audit.groupby([_col("round"), _col("client")], sort=True)
+    ]
+    return pd.DataFrame(rows)
+
+
+def round_verdict(
+    verdicts: pd.DataFrame, server_round: int, audit_seed: int, success_psnr: float
+) -> dict[str, float]:
+    """The round's verdict from its victims' rows: the ``metrics.csv`` audit columns."""
+    rows = verdicts[verdicts["round"] == server_round]
+    psnr = rows["psnr"].astype(float).to_numpy()
+    seed = derive_seed(SeedStream.AUDIT_BOOTSTRAP, audit_seed, server_round)
+    median = median_interval(psnr, seed)
+    scored = psnr[~np.isnan(psnr)]
+    success = success_interval(int((scored >= success_psnr).sum()), len(scored))
+    return {
+        protocol.AUDIT_PSNR: median.value,
+        protocol.AUDIT_PSNR_LOW: median.low,
+        protocol.AUDIT_PSNR_HIGH: median.high,
+        protocol.AUDIT_SSIM: _median(rows["ssim"]),
+        protocol.AUDIT_LABEL_ACC: _median(rows["label-acc"]),
+        protocol.AUDIT_SUCCESS: success.value,
+        protocol.AUDIT_SUCCESS_LOW: success.low,
+        protocol.AUDIT_SUCCESS_HIGH: success.high,
+        protocol.AUDIT_VICTIMS: float(len(rows)),
+        protocol.AUDIT_LOWER_BOUND: float((rows["bound"] != CONVERGED).any()),
+    }
+
+
+def _median(values: pd.Series) -> float:
+    known = values.astype(float).dropna()
+    return float(known.median()) if len(known) else math.nan
+
+
+def round_verdicts(
+    verdicts: pd.DataFrame, audit_seed: int, success_psnr: float
+) -> list[dict[str, Any]]:
+    """:func:`round_verdict` for every audited round, with its round and strongest attacks."""
+    out = []
+    for server_round in sorted(set(verdicts["round"])):
+        rows = verdicts[verdicts["round"] == server_round]
+        out.append(
+            {
+                protocol.ROUND: int(server_round),
+                **round_verdict(verdicts, int(server_round), audit_seed, success_psnr),
+                "strongest": strongest_attacks(rows["psnr-attack"]),
+            }
+        )
+    return out
+
+
+def strongest_attacks(attacks: Sequence[str] | pd.Series) -> str:
+    """Which attacks gave the verdicts, most often first: ``ig 3/4, dlg 1/4``."""
+    names = [a for a in attacks if isinstance(a, str) and a]
+    if not names:
+        return "-"
+    counts = pd.Series(names).value_counts(sort=True)
+    return ", ".join(f"{name} {count}/{len(names)}" for name, count in counts.items())
