@@ -50,7 +50,10 @@ local have no global model). Audit columns are means over every audited
 (round, victim) of the run, non-finite PSNRs left out as the auditor does. A
 mean hides a split (3.3 and 54.7 dB average to 29 dB), so the table also gives
 the median and max PSNR and the share of attacks at or above ``success-psnr``,
-over every attack of every seed. ``seconds`` is each run's true wall time.
+over every attack of every seed. A run that ran more than one attack (the
+``"auto"`` portfolio) also gets a ``verdict`` row, first: the same statistics
+over its victims' verdicts (per victim the best of its attacks, ``verdict.csv``).
+``seconds`` is each run's true wall time.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ from fedsim.engine.results import (
     METRICS_FILE,
     SCENARIO_FILE,
     SUMMARY_FILE,
+    VERDICT_FILE,
     leakage_stats,
     mean_std_text,
     number_text,
@@ -483,19 +487,37 @@ def run_results(
         return [{**row, "attack": "", **unaudited, **leakage_stats([], success_psnr)}]
     audit = pd.read_csv(audit_file)
     col = AuditRecord.column
+    threat = "/".join(sorted(set(audit[col("threat_model")])))
+    scored = [
+        (attack, group[col("psnr")], group[col("ssim")], group[col("label_acc")])
+        for attack, group in audit.groupby(col("attack"), sort=False)
+    ]
+    verdicts = verdict_rows(run_dir, len(scored))
+    if verdicts is not None:  # a portfolio ran: its worst case per victim comes first
+        scored.insert(0, (VERDICT, verdicts["psnr"], verdicts["ssim"], verdicts["label-acc"]))
     return [
         {
             **row,
             "attack": attack,
-            "threat-model": "/".join(sorted(set(group[col("threat_model")]))),
-            "audited": len(group),
-            "psnr": _finite_mean(group[col("psnr")]),
-            "ssim": float(group[col("ssim")].mean()),
-            "label-acc": float(group[col("label_acc")].mean()),
-            **leakage_stats(group[col("psnr")], success_psnr),
+            "threat-model": threat,
+            "audited": len(psnr),
+            "psnr": _finite_mean(psnr),
+            "ssim": float(ssim.mean()),
+            "label-acc": float(labels.mean()),
+            **leakage_stats(psnr, success_psnr),
         }
-        for attack, group in audit.groupby(col("attack"), sort=False)
+        for attack, psnr, ssim, labels in scored
     ]
+
+
+VERDICT = "verdict"
+"""The ``attack`` of a run's verdict rows: per victim the best of its attacks."""
+
+
+def verdict_rows(run_dir: Path, attacks: int) -> pd.DataFrame | None:
+    """A run's ``verdict.csv`` when more than one attack ran (else the verdict is the attack)."""
+    path = run_dir / VERDICT_FILE
+    return pd.read_csv(path) if attacks > 1 and path.is_file() else None
 
 
 def collect_results(
@@ -512,13 +534,15 @@ def collect_results(
 def collect_attacks(configs: list[Configuration], runs: Path) -> pd.DataFrame:
     """Every audited attack of every finished run: configuration, seed, attack, PSNR."""
     col = AuditRecord.column
-    frames = [
-        pd.read_csv(runs / c.path / AUDIT_FILE)[[col("attack"), col("psnr")]].assign(
-            configuration=c.label, seed=c.seed
-        )
-        for c in configs
-        if (runs / c.path / AUDIT_FILE).is_file()
-    ]
+    frames = []
+    for c in configs:
+        if not (runs / c.path / AUDIT_FILE).is_file():
+            continue
+        audit = pd.read_csv(runs / c.path / AUDIT_FILE)[[col("attack"), col("psnr")]]
+        verdicts = verdict_rows(runs / c.path, audit[col("attack")].nunique())
+        if verdicts is not None:
+            audit = pd.concat([verdicts[["psnr"]].assign(attack=VERDICT), audit])
+        frames.append(audit.assign(configuration=c.label, seed=c.seed))
     columns = ["attack", "psnr", "configuration", "seed"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
