@@ -14,7 +14,6 @@ from rich.console import Console
 from fedsim.cli import main
 from fedsim.core.config import Scenario, ScenarioError
 from fedsim.engine.audit.auditor import AUDIT_FILE
-from fedsim.engine.audit.verdict import victim_verdicts
 from fedsim.engine.compare import (
     MARKER,
     PLOT_FILE,
@@ -29,7 +28,7 @@ from fedsim.engine.compare import (
     run_results,
     run_sweep,
 )
-from fedsim.engine.results import METRICS_FILE, VERDICT_FILE
+from fedsim.engine.results import METRICS_FILE
 
 BASE: dict[str, Any] = {
     "federation": {"num-clients": 2, "rounds": 2},
@@ -330,7 +329,6 @@ def test_a_run_with_a_portfolio_gets_a_verdict_row_first(tmp_path: Path) -> None
             "attacker-residual": [0.5, 0.1, 0.1, 0.5],
         }
     ).to_csv(run_dir / AUDIT_FILE, index=False)
-    victim_verdicts(pd.read_csv(run_dir / AUDIT_FILE)).to_csv(run_dir / VERDICT_FILE, index=False)
     config = Configuration("FedAvg", "fedavg", "none", 0, Scenario())
 
     rows = run_results(config, run_dir, "auto")

@@ -92,6 +92,7 @@ from fedsim.core.config import (
     scenario_to_dict,
 )
 from fedsim.core.protocol import AuditRecord
+from fedsim.engine.audit.verdict import victim_verdicts
 from fedsim.engine.checkpoint import open_resume
 from fedsim.engine.results import (
     AUDIT_FILE,
@@ -100,7 +101,6 @@ from fedsim.engine.results import (
     METRICS_FILE,
     SCENARIO_FILE,
     SUMMARY_FILE,
-    VERDICT_FILE,
     leakage_stats,
     mean_std_text,
     number_text,
@@ -492,7 +492,7 @@ def run_results(
         (attack, group[col("psnr")], group[col("ssim")], group[col("label_acc")])
         for attack, group in audit.groupby(col("attack"), sort=False)
     ]
-    verdicts = verdict_rows(run_dir, len(scored))
+    verdicts = verdict_rows(audit)
     if verdicts is not None:  # a portfolio ran: its worst case per victim comes first
         scored.insert(0, (VERDICT, verdicts["psnr"], verdicts["ssim"], verdicts["label-acc"]))
     return [
@@ -514,10 +514,11 @@ VERDICT = "verdict"
 """The ``attack`` of a run's verdict rows: per victim the best of its attacks."""
 
 
-def verdict_rows(run_dir: Path, attacks: int) -> pd.DataFrame | None:
-    """A run's ``verdict.csv`` when more than one attack ran (else the verdict is the attack)."""
-    path = run_dir / VERDICT_FILE
-    return pd.read_csv(path) if attacks > 1 and path.is_file() else None
+def verdict_rows(audit: pd.DataFrame) -> pd.DataFrame | None:
+    """A run's verdicts (as in its ``verdict.csv``) when more than one attack ran; else
+    ``None``: the verdict is that attack."""
+    several = audit[AuditRecord.column("attack")].nunique() > 1
+    return victim_verdicts(audit) if several else None
 
 
 def collect_results(
@@ -538,8 +539,9 @@ def collect_attacks(configs: list[Configuration], runs: Path) -> pd.DataFrame:
     for c in configs:
         if not (runs / c.path / AUDIT_FILE).is_file():
             continue
-        audit = pd.read_csv(runs / c.path / AUDIT_FILE)[[col("attack"), col("psnr")]]
-        verdicts = verdict_rows(runs / c.path, audit[col("attack")].nunique())
+        audit = pd.read_csv(runs / c.path / AUDIT_FILE)
+        verdicts = verdict_rows(audit)
+        audit = audit[[col("attack"), col("psnr")]]
         if verdicts is not None:
             audit = pd.concat([verdicts[["psnr"]].assign(attack=VERDICT), audit])
         frames.append(audit.assign(configuration=c.label, seed=c.seed))

@@ -46,11 +46,14 @@ def _best(group: pd.DataFrame, field_name: str) -> tuple[float, str]:
 def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
     """The verdict of one victim in one round from its attacks' ``audit.csv`` rows."""
     group = group.reset_index(drop=True)
-    converged = group[_col("converged")].astype(bool)
+    # Rows written before convergence and the attacker's residual were recorded (a run
+    # resumed from an older checkpoint) count as not converged, with no residual.
+    converged = group.get(_col("converged"), pd.Series(False, index=group.index)).astype(bool)
     psnr, psnr_attack = _best(group, "psnr")
     ssim, ssim_attack = _best(group, "ssim")
     label_acc, label_attack = _best(group, "label_acc")
-    residual = group[_col("attacker_residual")].astype(float)
+    residual = group.get(_col("attacker_residual"), pd.Series(math.nan, index=group.index))
+    residual = residual.astype(float)
     if residual.notna().any():
         pick = group.iloc[int(residual.fillna(math.inf).to_numpy().argmin())]
         pick_attack, pick_psnr, pick_ssim = (
