@@ -149,3 +149,17 @@ def strongest_attacks(attacks: Sequence[str] | pd.Series) -> str:
         return "-"
     counts = pd.Series(names).value_counts(sort=True)
     return ", ".join(f"{name} {count}/{len(names)}" for name, count in counts.items())
+
+
+def verdict_line(server_round: int, verdict: dict[str, float], verdicts: pd.DataFrame) -> str:
+    """The round's verdict in one terminal line."""
+    psnr = verdict[protocol.AUDIT_PSNR]
+    low, high = verdict[protocol.AUDIT_PSNR_LOW], verdict[protocol.AUDIT_PSNR_HIGH]
+    interval = "" if math.isnan(low) else f" [{low:.1f}, {high:.1f}]"
+    bound = LOWER_BOUND if verdict[protocol.AUDIT_LOWER_BOUND] else CONVERGED
+    victims = int(verdict[protocol.AUDIT_VICTIMS])
+    strongest = strongest_attacks(verdicts[verdicts["round"] == server_round]["psnr-attack"])
+    return (
+        f"  audit round {server_round} verdict: PSNR {psnr:.2f} dB{interval} (median over "
+        f"{victims} victim{'s' if victims != 1 else ''}; {bound}), strongest: {strongest}"
+    )
