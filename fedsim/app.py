@@ -39,6 +39,7 @@ from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, require
 from fedsim.engine.flower import quiet_flower, simulated
 from fedsim.engine.report import write_run_report
+from fedsim.engine.resources import KEEP_IDLE_WORKERS
 from fedsim.engine.results import (
     CLIENT_STATE_DIR,
     RunRecorder,
@@ -97,6 +98,7 @@ def _start_audit_ray(scenario: Scenario, grid: Grid) -> None:
             logging_level=logging.ERROR,
             log_to_driver=False,
             include_dashboard=False,
+            _system_config=KEEP_IDLE_WORKERS,
         )
 
 
