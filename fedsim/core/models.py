@@ -139,8 +139,9 @@ def mlp_2nn(spec: InputSpec) -> SplitNet:
 
 @MODELS.register("cnn-fedavg")
 def cnn_fedavg(spec: InputSpec) -> SplitNet:
-    """FedAvg's CNN (McMahan et al. 2017): two 5x5 "same" convs (32, 64) with 2x2 max-pooling,
-    a 512-unit ReLU layer, then the logits (1,663,370 parameters at 28x28, 1 channel, 10 classes)."""
+    """FedAvg's CNN (McMahan et al. 2017): two 5x5 "same" convs (32, 64), each followed by
+    2x2 max-pooling, a 512-unit ReLU layer, then the logits (1,663,370 parameters at
+    28x28, 1 channel, 10 classes)."""
     extractor = nn.Sequential(
         nn.Conv2d(spec.channels, 32, 5, padding=2),
         nn.ReLU(),
