@@ -125,6 +125,18 @@ def linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
+def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules without children by name, in registration (here: forward) order."""
+    return [(n, m) for n, m in model.named_modules() if not list(m.children())]
+
+
+def reads_image(model: nn.Module, layer: str) -> bool:
+    """Whether module ``layer``'s input is the flattened image (only flattens before it)."""
+    names = [n for n, _ in leaf_modules(model)]
+    before = leaf_modules(model)[: names.index(layer)]
+    return all(isinstance(m, nn.Flatten) for _, m in before)
+
+
 def scenario_model(scenario: Scenario) -> SplitNet:
     """The scenario's architecture on the ``meta`` device (structure only, no memory)."""
     spec = InputSpec(3 if scenario.data.channels == "rgb" else 1, scenario.data.image_size, 10)
@@ -346,9 +358,7 @@ class AnalyticFC(AnalyticAttack):
         features = features.to(self.device)[None]
         spec, norm = observation.input_spec, observation.normalization
         shape = (1, spec.channels, spec.image_size, spec.image_size)
-        # The layer reads the image itself exactly when its input is the flattened input.
-        probe = torch.rand(shape, generator=torch.Generator().manual_seed(0)).to(self.device)
-        direct = torch.equal(layer_input(model, params, layer, probe), probe.flatten(1))
+        direct = reads_image(model, name)
         private = any(n not in observation.global_params for n, _ in model.named_parameters())
         details: dict[str, Any] = {
             "layer": name,
