@@ -33,7 +33,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -248,18 +247,11 @@ class Spear(AnalyticAttack):
         left, right = u[:, :batch] * s[:batch], vh[:batch]
         active = left.norm(dim=1) > self.params.zero_tolerance * left.norm(dim=1).max()
         generator = torch.Generator().manual_seed(derive_seed(SeedStream.ATTACK_SUBSETS, seed))
-        sent_weight = params[f"{layer}.weight"].detach().cpu().double()
-        sent_bias = params[f"{layer}.bias"].detach().cpu().double()
-        solved, found, tried = None, 0, 0
-        for pool, tried in candidate_pools(left[active], batch, self.params, generator):
-            found = len(pool)
-            if found < batch:
-                continue
-            mixing, inputs = solve_batch(left, right, bias, pool[:batch].T)
-            deltas = (left @ mixing).T
-            if relu_consistent(inputs, sent_weight, sent_bias, deltas, self.params.zero_tolerance):
-                solved = inputs, deltas
-                break
+        sent = (
+            params[f"{layer}.weight"].detach().cpu().double(),
+            params[f"{layer}.bias"].detach().cpu().double(),
+        )
+        solved, found, tried = self.search(left, right, bias, active, sent, generator)
         spec, norm = observation.input_spec, observation.normalization
         shape = (batch, spec.channels, spec.image_size, spec.image_size)
         details = {
@@ -269,25 +261,53 @@ class Spear(AnalyticAttack):
             "subsets_tried": tried,
             "steps_taken": 0,
         }
+        residual = float("inf")
         if solved is None:
             images = torch.full(shape, 0.5)
             labels = torch.zeros(batch, dtype=torch.long)
-            details.update(converged=False, gradient_residual=float("inf"))
         else:
             inputs = solved[0].float().reshape(shape)
             labels = self.labels(model, params, layer, inputs, solved[1].float())
             images = norm.to_pixels(inputs.cpu()).clamp(0, 1)
             residual = one_step_residual(observation, images, labels, seed, self.device)
-            details.update(converged=residual <= EXACT, gradient_residual=residual)
+        details.update(converged=residual <= EXACT, gradient_residual=residual)
         return Reconstruction(
             images=images,
             labels=labels.cpu(),
             objective_trace=[],
             iterations=0,
-            final_objective=details["gradient_residual"],
+            final_objective=residual,
             seconds=time.perf_counter() - start,
             details=details,
         )
+
+    def search(
+        self,
+        left: torch.Tensor,
+        right: torch.Tensor,
+        bias: torch.Tensor,
+        active: torch.Tensor,
+        sent: tuple[torch.Tensor, torch.Tensor],
+        generator: torch.Generator,
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, int, int]:
+        """The batch's inputs and deltas (``None`` if the subsets ran out), the
+        directions found and the subsets tried.
+
+        After every chunk, the ``B`` sparsest directions are tried: a batch whose
+        units the sent first layer (``sent``: weight, bias) keeps off with a
+        non-zero delta (:func:`relu_consistent`) holds a wrong direction, and
+        the search goes on.
+        """
+        batch = left.shape[1]
+        found = tried = 0
+        for pool, tried in candidate_pools(left[active], batch, self.params, generator):
+            found = len(pool)
+            if found >= batch:
+                mixing, inputs = solve_batch(left, right, bias, pool[:batch].T)
+                deltas = (left @ mixing).T
+                if relu_consistent(inputs, *sent, deltas, self.params.zero_tolerance):
+                    return (inputs, deltas), found, tried
+        return None, found, tried
 
     def labels(
         self,
