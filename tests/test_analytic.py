@@ -106,7 +106,7 @@ def test_analytic_fc_reads_mlp_2nn_digits_exactly(shared: str) -> None:
         assert score.label_accuracy == 1.0
         assert rec.details["layer"] == "extractor.1"  # the first layer: the image itself
         assert rec.details["extractor"] == "none"
-        assert (rec.details["converged"], rec.details["steps_taken"]) == (True, 0)
+        assert (rec.converged, rec.steps_taken) == (True, 0)
         assert rec.details["gradient_residual"] < 1e-5  # the reconstruction explains the upload
 
 
@@ -131,6 +131,7 @@ def test_analytic_fc_on_lenet5_split_fedsgd_recovers_features_and_beats_ig() -> 
         error = (rec.details["features"] - features).norm() / features.norm()
         assert float(error) < 1e-4
         assert rec.details["extractor"] == "sent"
+        assert (rec.converged, rec.steps_taken) == (True, 1000)  # features reproduced
         psnr = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels).psnr
         ig_psnr = score_reconstruction(
             baseline.images, truth.images, baseline.labels, truth.labels
@@ -147,7 +148,7 @@ def test_analytic_fc_against_fedsplit_reads_private_features_and_flags_the_estim
         features = model.extractor(MNIST32.normalization.to_model(truth.images)).flatten(1)
     assert float((rec.details["features"] - features).norm() / features.norm()) < 1e-4
     assert rec.details["extractor"] == "estimate"
-    assert rec.details["steps_taken"] == 5
+    assert rec.steps_taken == 5
 
 
 def test_analytic_fc_refuses_uploads_that_are_not_one_plain_sgd_step() -> None:
@@ -279,7 +280,7 @@ def test_spear_recovers_most_mlp_2nn_batches_of_8_exactly() -> None:
         score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
         exact = min(score.per_image_psnr) > 40.0
         # Exactness as the attacker sees it (the gradient is reproduced) is exactness.
-        assert exact == rec.details["converged"]
+        assert exact == rec.converged
         if exact:
             assert rec.details["gradient_residual"] < 1e-3
             assert score.label_accuracy == 1.0
@@ -305,7 +306,7 @@ def test_spear_flags_a_search_that_ran_out_of_subsets() -> None:
 
     rec = attack.reconstruct(observation)
 
-    assert rec.details["converged"] is False
+    assert rec.converged is False
     assert rec.details["directions_found"] < 12
     assert rec.images.shape == (12, 1, 28, 28)
 
@@ -325,5 +326,5 @@ def test_rgap_reconstructs_a_lenet_zhu_digit_in_closed_form() -> None:
     assert score.psnr > 60.0
     assert score.label_accuracy == 1.0
     assert [c["rank"] for c in rec.details["rank_condition"]] == [1024, 3072, 768]
-    assert rec.details["rank_deficient"] == [] and rec.details["converged"]
+    assert rec.details["rank_deficient"] == [] and rec.converged
     assert rec.details["gradient_residual"] < 1e-3

@@ -204,13 +204,12 @@ class RGAP(AnalyticAttack):
             iterations=0,
             final_objective=residual,
             seconds=time.perf_counter() - start,
+            converged=not deficient,
             details={
                 "rank_condition": conditions,
                 "rank_deficient": deficient,
                 "gradient_residual": residual,
                 "labels": label_method(observation),
-                "converged": not deficient,
-                "steps_taken": 0,
             },
         )
 

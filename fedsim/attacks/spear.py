@@ -259,7 +259,6 @@ class Spear(AnalyticAttack):
             "rank_gap": float(s[batch] / s[0]) if len(s) > batch else 0.0,
             "directions_found": found,
             "subsets_tried": tried,
-            "steps_taken": 0,
         }
         residual = float("inf")
         if solved is None:
@@ -270,7 +269,7 @@ class Spear(AnalyticAttack):
             labels = self.labels(model, params, layer, inputs, solved[1].float())
             images = norm.to_pixels(inputs.cpu()).clamp(0, 1)
             residual = one_step_residual(observation, images, labels, seed, self.device)
-        details.update(converged=residual <= EXACT, gradient_residual=residual)
+        details["gradient_residual"] = residual
         return Reconstruction(
             images=images,
             labels=labels.cpu(),
@@ -278,6 +277,7 @@ class Spear(AnalyticAttack):
             iterations=0,
             final_objective=residual,
             seconds=time.perf_counter() - start,
+            converged=residual <= EXACT,
             details=details,
         )
 
