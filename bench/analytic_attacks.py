@@ -7,9 +7,10 @@ seconds per victim (``read s``: with the feature inversion switched off, the
 analytic part; ``total s``: with the attack's defaults), the median PSNR (peak
 1 on [0, 1]), the share of victims whose every image exceeds 40 dB, and
 ``applies``: whether :meth:`check_scenario` accepts the matching audited
-scenario, else its one-line refusal. With ``--audit-run``, then, an ``mlp-2nn``
-FedSGD federation audited by ``analytic-fc`` on every client in every round
-(``victims = 0``) against the same run unaudited, alternately, in one process::
+scenario, else its one-line refusal. With ``--audit-run``, instead: an
+``mlp-2nn`` FedSGD federation audited by ``analytic-fc`` on every client in
+every round (``victims = 0``) against the same run unaudited, alternately, in
+one process::
 
     .venv/bin/python bench/analytic_attacks.py [--victims 8] [--audit-run --repeats 3]
 """
@@ -173,10 +174,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    print_attack_table([attack_row(case, args.victims) for case in CASES])
     if args.audit_run:
         audit_run(args.repeats, args.rounds)
+        return
+    torch.set_num_threads(1)
+    print_attack_table([attack_row(case, args.victims) for case in CASES])
 
 
 if __name__ == "__main__":

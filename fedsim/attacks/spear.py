@@ -13,18 +13,21 @@ zero wherever example ``n``'s pre-activation is negative (about half the
 units). If ``B - 1`` units chosen at random are all off for example ``n``,
 the null vector ``a`` of those ``B - 1`` rows of ``L`` is (up to scale)
 ``A``'s column ``n``, and ``L a`` is then sparse far beyond the ``B - 1``
-zeros every null vector has; a wrong guess is not. Random subsets are
-tried until ``B`` distinct sparse directions are found (about ``B 2^(B-1)``
-subsets: the cost doubles with every example, which is why SPEAR stops near
-25). Their scales come from the bias gradient: ``dL/db = L A 1``.
+zeros every null vector has. A wrong guess is not, with one exception: units
+off for two examples give mixes of their two columns, sparse where both are
+off; :func:`distinct` drops a direction whose zeros lie inside a sparser
+one's, and :func:`relu_consistent` rejects a batch the sent layer contradicts.
+Random subsets are tried until ``B`` such directions are found (about ``B
+2^(B-1)`` subsets: the cost doubles with every example, which is why SPEAR
+stops near 25). Their scales come from the bias gradient: ``dL/db = L A 1``.
 
 Labels: with the images known, example ``n`` with label ``c`` has the
 first-layer gradient ``delta_n(c)``, which the sent model computes; the label
 whose ``delta_n(c)`` matches the recovered ``L a_n`` is the example's label
 (exact, where counting from the last layer can only give the multiset).
 
-Exactness is checked as the paper does: the recovered batch must reproduce
-the intercepted gradient (``details["gradient_residual"]``, every shared
+Exactness is checked by the recovered batch reproducing the intercepted
+gradient (``details["gradient_residual"]``, every shared
 tensor); ``converged`` is that residual below :data:`EXACT`.
 """
 
