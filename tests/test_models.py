@@ -33,6 +33,15 @@ def test_paper_feature_sizes() -> None:
     assert fedcg.extractor(torch.zeros(1, 3, 32, 32)).shape == (1, 16, 5, 5)
 
 
+@pytest.mark.parametrize(("name", "count"), [("mlp-2nn", 199_210), ("cnn-fedavg", 1_663_370)])
+def test_fedavg_paper_models_have_the_papers_parameter_counts(name: str, count: int) -> None:
+    # McMahan et al. 2017 count at 28x28 grey digits, 10 classes ("same" padding for the CNN).
+    model = build_model(ModelConfig(name), InputSpec(1, 28, 10), seed=0)
+
+    assert sum(p.numel() for p in model.parameters()) == count
+    assert model(torch.rand(3, 1, 28, 28)).shape == (3, 10)
+
+
 def _conv_linear(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
 

@@ -179,6 +179,15 @@ def local_steps_taken(observation: Observation) -> int:
     return cfg.local_epochs * batches
 
 
+def relative_residual(simulated: list[torch.Tensor], observed: list[torch.Tensor]) -> float:
+    """``||simulated - observed|| / ||observed||`` over tensor lists (inf if ``observed`` is 0)."""
+    difference = sum(
+        float((s.detach() - o).square().sum()) for s, o in zip(simulated, observed, strict=True)
+    )
+    scale = sum(float(o.square().sum()) for o in observed)
+    return (difference / scale) ** 0.5 if scale > 0 else float("inf")
+
+
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy for hard (long) or soft (probability rows) targets."""
     if targets.dtype == torch.long:

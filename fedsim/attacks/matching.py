@@ -42,6 +42,7 @@ from fedsim.attacks.gradients import (
     batchnorm_targets,
     batchnorm_view,
     local_steps_taken,
+    relative_residual,
     soft_cross_entropy,
     target_gradient,
     victim_model,
@@ -297,12 +298,7 @@ class GradientMatchingAttack(Attack):
         x = observation.normalization.to_model(images.to(self.device, torch.float32))
         y = F.one_hot(labels.to(self.device).long(), problem.num_classes).float()
         simulated = self.simulated_gradient(problem, params, x, y, functional=False)
-        observed = [t[0] for t in problem.target]
-        difference = sum(
-            float((s.detach() - o).square().sum()) for s, o in zip(simulated, observed, strict=True)
-        )
-        scale = sum(float(o.square().sum()) for o in observed)
-        return (difference / scale) ** 0.5 if scale > 0 else float("inf")
+        return relative_residual(simulated, [t[0] for t in problem.target])
 
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0

@@ -118,6 +118,47 @@ def lenet5_split(spec: InputSpec) -> SplitNet:
     return SplitNet(extractor, _classifier_mlp(_feature_dim(extractor, spec), spec.num_classes))
 
 
+@MODELS.register("mlp-2nn")
+def mlp_2nn(spec: InputSpec) -> SplitNet:
+    """FedAvg's 2NN (McMahan et al. 2017): two 200-unit ReLU layers, then the logits.
+
+    The hidden layers are the extractor, so FedSplit shares the output layer
+    only; under FedAvg the first layer sees the raw pixels, which is what
+    analytic attacks on fully connected layers read back (199,210 parameters
+    at 28x28, 1 channel, 10 classes, as the paper counts).
+    """
+    extractor = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(spec.channels * spec.image_size**2, 200),
+        nn.ReLU(),
+        nn.Linear(200, 200),
+        nn.ReLU(),
+    )
+    return SplitNet(extractor, nn.Sequential(nn.Flatten(), nn.Linear(200, spec.num_classes)))
+
+
+@MODELS.register("cnn-fedavg")
+def cnn_fedavg(spec: InputSpec) -> SplitNet:
+    """FedAvg's CNN (McMahan et al. 2017): two 5x5 "same" convs (32, 64), each followed by
+    2x2 max-pooling, a 512-unit ReLU layer, then the logits (1,663,370 parameters at
+    28x28, 1 channel, 10 classes)."""
+    extractor = nn.Sequential(
+        nn.Conv2d(spec.channels, 32, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+    )
+    classifier = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(_feature_dim(extractor, spec), 512),
+        nn.ReLU(),
+        nn.Linear(512, spec.num_classes),
+    )
+    return SplitNet(extractor, classifier)
+
+
 class _BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int, act: Callable[[], nn.Module]) -> None:
         super().__init__()

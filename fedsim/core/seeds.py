@@ -58,6 +58,7 @@ class SeedStream(enum.Enum):
     ATTACK_RESTART = ("attack-restart", Party.ATTACKER, ("attack-seed", "restart"))
     ATTACK_MODEL = ("attack-model", Party.ATTACKER, ("attack-seed",))
     ATTACK_CODES = ("attack-codes", Party.ATTACKER, ("attack-seed",))
+    ATTACK_SUBSETS = ("attack-subsets", Party.ATTACKER, ("attack-seed",))  # SPEAR's unit subsets
     LABEL_DUMMIES = ("label-dummies", Party.ATTACKER, ())
     EXPERIMENT_IMAGES = ("experiment-images", Party.ATTACKER, ("seed",))
     EXPERIMENT_VICTIM = ("experiment-victim", Party.ATTACKER, ("seed", "batch"))

@@ -13,8 +13,10 @@ failed reconstruction is the optimiser's fault, not the model's. A large
 residual says the target is unreachable even with the true images, and
 :func:`residual_note` names the likely cause. The truth goes to the attack's
 public :meth:`~fedsim.attacks.matching.GradientMatchingAttack.fidelity_residual`
-as an explicit argument here, on the driver side, after the attack has run:
-never through an :class:`~fedsim.attacks.base.Observation`.
+(or :meth:`~fedsim.attacks.analytic.AnalyticAttack.fidelity_residual`: one
+gradient step, the analytic attacks' model) as an explicit argument here, on
+the driver side, after the attack has run: never through an
+:class:`~fedsim.attacks.base.Observation`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 import torch
 
 from fedsim.attacks import ATTACKS
+from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.gradients import local_steps_taken
@@ -41,7 +44,8 @@ def fidelity_residual(
 ) -> float:
     """The attack's residual on the true batch; NaN for attacks without a model of the client."""
     attack_cls = ATTACKS.get(attack.name)
-    if not issubclass(attack_cls, GradientMatchingAttack):
+    # Analytic attacks model the client as one gradient step (exact for FedSGD and probes).
+    if not issubclass(attack_cls, GradientMatchingAttack | AnalyticAttack):
         return math.nan  # e.g. GRNN: its generator, not a client model, produces the dummy
     instance = attack_cls(component_params(attack_cls, attack, "audit.attacks"))
     with torch.no_grad():

@@ -24,6 +24,8 @@ from fedsim.core.config import ComponentConfig, Scenario, ScenarioError, compone
 
 PORTFOLIO = (
     "analytic-fc",
+    "spear",
+    "rgap",
     "inverting-gradients",
     "dlg",
     "sapag",
