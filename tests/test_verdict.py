@@ -299,7 +299,10 @@ def test_attacker_residual_needs_no_truth_and_is_zero_on_the_true_batch() -> Non
     exact = dataclasses.replace(rec, images=probe.truth.images, labels=probe.truth.labels)
 
     attack = ComponentConfig("dlg", {"steps": 1, "restarts": 1})
-    assert attacker_residual(attack, probe.observation, exact, 0) < 1e-4
-    assert attacker_residual(attack, probe.observation, rec, 0) > 0.1
+    assert attacker_residual(attack, probe.observation, exact, 0) < 1e-6  # measured 0.0
+    # Measured 5.2e-4 for DLG's one-step noise (and 6.8e-4 for a flat grey image): this
+    # LeNet-5's gradient barely depends on the image in relative L2, so the attacker's
+    # residual orders reconstructions but is a weak judge of them (docs/audit.md).
+    assert attacker_residual(attack, probe.observation, rec, 0) > 1e-5
     grnn = ComponentConfig("grnn", {"steps": 1})  # no model of the client: DLG's is used
-    assert attacker_residual(grnn, probe.observation, exact, 0) < 1e-4
+    assert attacker_residual(grnn, probe.observation, exact, 0) < 1e-6
