@@ -12,10 +12,12 @@ one victim):
 - **diverged**: its objective became non-finite (the optimisers stop such a
   row, see :mod:`fedsim.attacks.optim`) or ended above where it started.
 
-With ``early_stop`` the attack ends once every live row has stalled (for a
-step-decayed schedule, a stall first moves every row on to the next, smaller
-learning rate, and only a stall in the last phase ends it). Diverged rows are
-never chosen over a finite one, because their final objective is infinite.
+With ``early_stop`` a row that has stalled stops and the compute goes to the
+rest (for a step-decayed schedule, whose rows share one learning rate, a
+stall of every row first moves them all on to the next, smaller rate; rows
+stop one by one only in the last phase). A diverged restart is never kept
+while another restart of its victim has not diverged; when all have, the
+lowest finite one is kept, not converged.
 """
 
 from __future__ import annotations

@@ -180,6 +180,7 @@ class _Run:
     distance: float
     trace: list[float]
     converged: bool
+    diverged: bool  # its loss became non-finite or ended above where it started
 
 
 @dataclass(frozen=True)
@@ -281,8 +282,9 @@ class GRNN(Attack):
         runs = [
             self._run(objective, observation, seed, r, fixed) for r in range(self.params.restarts)
         ]
-        # The attacker can compute the gradient distance, so choosing by it is fair.
-        best = min(range(len(runs)), key=lambda r: runs[r].distance)
+        # The attacker can compute the gradient distance, so choosing by it is fair;
+        # a diverged restart only when every restart diverged.
+        best = min(range(len(runs)), key=lambda r: (runs[r].diverged, runs[r].distance))
         chosen = runs[best]
         return Reconstruction(
             images=chosen.images.cpu(),
@@ -301,7 +303,7 @@ class GRNN(Attack):
                 "soft_labels": chosen.labels.cpu(),
                 "restart_objectives": [run.distance for run in runs],
                 "chosen_restart": best,
-                "diverged_restarts": sum(not math.isfinite(run.distance) for run in runs),
+                "diverged_restarts": sum(run.diverged for run in runs),
                 "converged_restarts": sum(run.converged for run in runs),
             },
         )
@@ -354,7 +356,8 @@ class GRNN(Attack):
         return _Run(
             images=images,
             labels=labels,
-            distance=math.inf if diverged else distance,
+            distance=distance if math.isfinite(distance) else math.inf,
             trace=losses.tolist(),
             converged=bool(tracker.stalled()[0]) and not diverged,
+            diverged=diverged,
         )

@@ -522,12 +522,16 @@ class GradientMatchingAttack(Attack):
         optimizer.evaluate(objective, ~optimizer.diverged)  # the distance where each row ended
         diverged = optimizer.diverged | tracker.diverged(optimizer.loss)
         converged = (tracker.stalled() & ~diverged).view(victims, -1)
-        final = torch.where(diverged, float("inf"), optimizer.loss).view(victims, -1)
+        final = torch.where(optimizer.diverged, float("inf"), optimizer.loss).view(victims, -1)
+        # Diverged restarts are passed over; a victim whose every restart diverged keeps
+        # the lowest finite one (flagged: not converged, every restart counted diverged).
+        rank = torch.where(diverged.view(victims, -1), float("inf"), final)
+        rank = torch.where(torch.isinf(rank).all(dim=1, keepdim=True), final, rank)
         trace_rows = torch.stack(trace, dim=1).view(victims, restarts, -1)
         seconds = (time.perf_counter() - start) / victims
         results = []
         for v, obs in enumerate(observations):
-            best = int(torch.argmin(final[v]))  # argmin of all-inf picks restart 0
+            best = int(torch.argmin(rank[v]))  # argmin of all-inf picks restart 0
             row = v * restarts + best
             results.append(
                 self._reconstruction(

@@ -342,7 +342,7 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
     }
     if not audit.empty:
         verdicts = victim_verdicts(audit)  # derived from audit.csv, as verdict.csv is
-        rounds = round_verdict_table(verdicts, audit_seed(scenario), success_psnr)
+        rounds = round_verdict_table(verdicts, audit_seed(run_dir), success_psnr)
         summary = audit_table(audit, success_psnr)
         summary["success-rate"] = [f"{v:.0%}" for v in summary["success-rate"]]
         columns = [Column(AuditRecord.column(f), AuditRecord.column(f)) for f in AUDIT_ROW_FIELDS]

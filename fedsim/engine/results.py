@@ -27,7 +27,7 @@ from rich.console import Console
 from tabulate import tabulate
 
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, ScenarioError, require, scenario_to_dict
+from fedsim.core.config import AuditConfig, Scenario, ScenarioError, require, scenario_to_dict
 from fedsim.core.protocol import AuditRecord
 from fedsim.engine.audit.verdict import round_verdicts, victim_verdicts
 from fedsim.engine.loop import RoundRecord
@@ -474,9 +474,12 @@ def round_verdict_table(
     return VerdictTable(raw, rows)
 
 
-def audit_seed(scenario_toml: str) -> int:
-    """``audit.seed`` of a run's ``scenario.toml`` text (its bootstrap stream's seed)."""
-    return int(tomllib.loads(scenario_toml).get("audit", {}).get("seed", 0))
+def audit_seed(run_dir: Path) -> int:
+    """``audit.seed`` of a run (its bootstrap stream's seed): from its ``scenario.toml``,
+    else the default's."""
+    path = run_dir / SCENARIO_FILE
+    tables = tomllib.loads(path.read_text()) if path.is_file() else {}
+    return int(tables.get("audit", {}).get("seed", AuditConfig().seed))
 
 
 def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) -> list[str]:
@@ -485,7 +488,7 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
     if not (run_dir / AUDIT_FILE).is_file():
         return []
     audit = pd.read_csv(run_dir / AUDIT_FILE)
-    seed = audit_seed((run_dir / SCENARIO_FILE).read_text())
+    seed = audit_seed(run_dir)
     verdict = round_verdict_table(victim_verdicts(audit), seed, threshold)
     lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.rows)
     headers = [
