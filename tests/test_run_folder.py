@@ -111,13 +111,18 @@ def test_summary_has_the_true_wall_time_and_the_audit(
     pd.DataFrame(rows).to_csv(tmp_path / METRICS_FILE, index=False)
     audit = [
         {
+            AuditRecord.column("round"): r,
+            AuditRecord.column("client"): 0,
+            AuditRecord.column("batch_size"): 1,
             AuditRecord.column("attack"): "dlg",
             AuditRecord.column("psnr"): p,
             AuditRecord.column("ssim"): 0.5,
             AuditRecord.column("label_acc"): 1.0,
+            AuditRecord.column("converged"): r == 1,
+            AuditRecord.column("attacker_residual"): 0.1,
             AuditRecord.column("seconds"): 2.0,
         }
-        for p in (3.3, 54.7)
+        for r, p in ((1, 3.3), (2, 54.7))
     ]
     pd.DataFrame(audit).to_csv(tmp_path / AUDIT_FILE, index=False)
 
@@ -125,5 +130,9 @@ def test_summary_has_the_true_wall_time_and_the_audit(
 
     assert "wall time: 1m45s (105.0s" in text
     assert "in rounds 0.6s" in text
-    assert "| dlg | 2 | 29.00 | 29.00 | 54.70 | 50% | 0.500 | 100% |" in text
+    assert "| dlg | 2 | 29.00 | 29.00 | 54.70 | 50% | 0.500 | 100% | 50% |" in text
+    # The verdict per round comes first: one victim a round, so no interval.
+    verdict = text.index("verdict PSNR |")
+    assert verdict < text.index("| attack |")
+    assert "54.70" in text[verdict:] and "lower bound" in text[verdict:]
     assert (tmp_path / SUMMARY_FILE).read_text() == text
