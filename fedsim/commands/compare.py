@@ -30,6 +30,7 @@ class CompareCommand:
         from fedsim.engine.compare import (
             REPORT_FILE,
             RUNS_DIR,
+            check_machines,
             configurations,
             is_finished,
             load_spec,
@@ -43,6 +44,7 @@ class CompareCommand:
         out = Path(args.out) if args.out else Path(configs[0].scenario.output.dir) / spec.name
         console = Console(soft_wrap=True)
         if args.dry_run:
+            check_machines(configs)
             for config in configs:
                 done = is_finished(config, out / RUNS_DIR / config.path)
                 console.print(f"{'done' if done else 'to run'}  {config.path}  ({config.label})")

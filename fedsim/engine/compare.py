@@ -294,10 +294,23 @@ def scenario_hash(scenario: Scenario) -> str:
     return hashlib.sha256(tomli_w.dumps(scenario_to_dict(scenario)).encode()).hexdigest()[:16]
 
 
+def check_machines(configs: list[Configuration]) -> None:
+    """Every configuration can run on this machine (data present, GPUs there), as
+    ``fedsim run`` checks it; a dry run and a sweep refuse the same ones."""
+    for config in configs:
+        try:
+            check_machine(config.scenario)
+        except ScenarioError as err:
+            raise ScenarioError(f"[{config.label}] {err.key}", err.value, err.allowed) from None
+
+
 def is_finished(config: Configuration, run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a completed run of exactly ``config``'s scenario."""
+    """Whether ``run_dir`` holds a completed run of exactly ``config``'s scenario
+    with the outputs the table reads (a run missing one is done again)."""
     marker = run_dir / MARKER
     if run_dir.is_symlink() or marker.is_symlink() or not marker.is_file():
+        return False
+    if not (run_dir / METRICS_FILE).is_file():
         return False
     try:
         record = json.loads(marker.read_text())
@@ -392,11 +405,7 @@ def run_sweep(
     the others go on.
     """
     console = console or Console(soft_wrap=True)
-    for config in configs:  # before anything runs: data present, GPUs there
-        try:
-            check_machine(config.scenario)
-        except ScenarioError as err:
-            raise ScenarioError(f"[{config.label}] {err.key}", err.value, err.allowed) from None
+    check_machines(configs)
     run = run or (run_in_process if spec.parallel == 1 else run_in_subprocess)
     runs = out / RUNS_DIR
     todo, skipped, resumed = [], [], set()
