@@ -315,7 +315,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path) -> None:
     scenario_path.write_text(scenario_path.read_text().replace("lr = 0.003", "lr = 0.1"))
 
     for folder, reason in [
-        (tmp_path / "missing", "no such directory"),
+        (tmp_path / "missing", "is missing"),
         (not_a_run, "not a fedsim run directory"),
         (no_checkpoint, "has no checkpoint"),
         (finished, "already finished all 2 rounds"),
@@ -347,17 +347,70 @@ def test_resume_may_extend_the_rounds(tmp_path: Path) -> None:
     assert checkpoint.components["recorder"]["rows"][0]["round"] == 2
 
 
-def test_checkpoints_load_weights_only(tmp_path: Path) -> None:
+def test_resume_refuses_fewer_rounds_than_were_run(tmp_path: Path) -> None:
+    run_dir = checkpointed_run(tmp_path, rounds=4, done=2)
+    scenario_path = run_dir / SCENARIO_FILE
+    scenario_path.write_text(scenario_path.read_text().replace("rounds = 4", "rounds = 1"))
+
+    with pytest.raises(ScenarioError) as err:
+        open_resume(run_dir)
+
+    assert (err.value.key, err.value.value) == ("federation.rounds", 1)
+    assert "below the 2 rounds" in str(err.value) and "may only be raised" in str(err.value)
+
+
+def test_resume_says_what_a_checkpoint_path_of_the_wrong_kind_is(tmp_path: Path) -> None:
     run_dir = checkpointed_run(tmp_path)
     state_path = run_dir / CHECKPOINT_DIR / STATE_FILE
-    torch.save({"format": 2, "round": 2, "payload": Crash()}, state_path)  # arbitrary pickle
-    manifest_path = run_dir / CHECKPOINT_DIR / MANIFEST_FILE
-    manifest = json.loads(manifest_path.read_text())
-    manifest["state"] = sha256(state_path)  # a forger who also fixes the checksum
-    manifest_path.write_text(json.dumps(manifest))
+    state_path.unlink()
+    state_path.mkdir()
+
+    with pytest.raises(ScenarioError, match=f"{STATE_FILE} is a directory; expected the"):
+        open_resume(run_dir)
+
+
+def _forge(run_dir: Path, rel: str, content: Any) -> None:
+    """Replace checkpoint file ``rel`` by ``torch.save(content)``, checksum updated to match
+    (a forger who also fixes the manifest)."""
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    path = checkpoint_dir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(content, path)
+    manifest = json.loads((checkpoint_dir / MANIFEST_FILE).read_text())
+    if rel == STATE_FILE:
+        manifest["state"] = sha256(path)
+    else:
+        manifest[CLIENT_STATE_DIR][rel.removeprefix(f"{CLIENT_STATE_DIR}/")] = sha256(path)
+    (checkpoint_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+def test_checkpoints_load_weights_only(tmp_path: Path) -> None:
+    run_dir = checkpointed_run(tmp_path)
+    _forge(run_dir, STATE_FILE, {"format": 2, "round": 2, "payload": Crash()})  # arbitrary pickle
 
     with pytest.raises(ScenarioError, match="not a fedsim checkpoint"):
         open_resume(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ({"round": 2, "arrays": {"w": Crash()}}, "pickles Python objects"),  # pickled code
+        ({"round": 2, "arrays": [1.0]}, "not {'round': int, 'arrays': {name: tensor}}"),
+    ],
+)
+def test_resume_names_a_client_file_that_is_not_a_weights_only_state_dict(
+    tmp_path: Path, content: Any, reason: str
+) -> None:
+    run_dir = checkpointed_run(tmp_path)
+    _forge(run_dir, f"{CLIENT_STATE_DIR}/partition-1.pt", content)
+
+    with pytest.raises(ScenarioError) as err:
+        open_resume(run_dir)
+
+    message = str(err.value)
+    assert f"{CLIENT_STATE_DIR}/partition-1.pt is not a weights-only state dict" in message
+    assert reason in message and "\n" not in message
 
 
 def test_cli_reports_bad_resume_before_starting_anything(
