@@ -51,11 +51,11 @@ class CompareCommand:
             return 0
         try:
             outcome = run_sweep(spec, configs, out, console)
-        except RunInterrupted as stop:
+        except KeyboardInterrupt as stop:  # a run's RunInterrupted, or Ctrl-C between runs
+            name = stop.signal_name if isinstance(stop, RunInterrupted) else "SIGINT"
             console.print(
-                f"fedsim: interrupted ({stop.signal_name}); finished runs and the completed "
-                f"rounds of {stop.run_dir} are saved: continue with the same "
-                f"fedsim compare command (--out {out})",
+                f"fedsim: interrupted ({name}); finished runs and completed rounds are saved: "
+                f"continue with fedsim compare {args.spec} --out {out}",
                 markup=False,
             )
             return INTERRUPTED_STATUS

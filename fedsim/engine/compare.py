@@ -62,9 +62,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +90,14 @@ from fedsim.core.config import (
     scenario_to_dict,
 )
 from fedsim.core.protocol import AuditRecord
-from fedsim.engine.checkpoint import open_resume
+from fedsim.engine.checkpoint import checkpointed_round, open_resume
+from fedsim.engine.lifecycle import (
+    INTERRUPTED_STATUS,
+    ChildRuns,
+    RaySession,
+    RunInterrupted,
+    reap_orphans,
+)
 from fedsim.engine.results import (
     AUDIT_FILE,
     CHECKPOINT_DIR,
@@ -366,18 +374,29 @@ def run_in_process(scenario: Scenario, run_dir: Path, console: Console, resume: 
         run_scenario(scenario, run_dir, console)
 
 
-def run_in_subprocess(scenario: Scenario, run_dir: Path, console: Console, resume: bool) -> None:
-    """One run as ``fedsim run`` in its own process; its output goes to ``<run_dir>.log``."""
-    command = [sys.executable, "-m", "fedsim.cli", "run"]
-    if resume:
-        command += ["--resume", str(run_dir)]
-    else:
-        scenario_file = run_dir.with_suffix(".toml")
-        scenario_file.write_text(tomli_w.dumps(scenario_to_dict(scenario)))
-        command += [str(scenario_file), "--out", str(run_dir)]
-    with run_dir.with_suffix(".log").open("a" if resume else "w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
-    console.print(f"finished {run_dir} (log: {run_dir.with_suffix('.log')})")
+@dataclass
+class SubprocessRuns:
+    """Runs each configuration as ``fedsim run`` in its own process (a :class:`RunFn`);
+    its output goes to ``<run_dir>.log``. A run stopped by a signal raises
+    :class:`RunInterrupted`, one that failed ``CalledProcessError``."""
+
+    children: ChildRuns = field(default_factory=ChildRuns)
+
+    def __call__(self, scenario: Scenario, run_dir: Path, console: Console, resume: bool) -> None:
+        command = [sys.executable, "-m", "fedsim.cli", "run"]
+        if resume:
+            command += ["--resume", str(run_dir)]
+        else:
+            scenario_file = run_dir.with_suffix(".toml")
+            scenario_file.write_text(tomli_w.dumps(scenario_to_dict(scenario)))
+            command += [str(scenario_file), "--out", str(run_dir)]
+        with run_dir.with_suffix(".log").open("a" if resume else "w") as log:
+            status = self.children.run(command, log)
+        if status in (INTERRUPTED_STATUS, -signal.SIGTERM, -signal.SIGINT):
+            raise RunInterrupted("signal", run_dir, checkpointed_round(run_dir) or 0)
+        if status:
+            raise subprocess.CalledProcessError(status, command)
+        console.print(f"finished {run_dir} (log: {run_dir.with_suffix('.log')})")
 
 
 @dataclass
@@ -406,7 +425,9 @@ def run_sweep(
     """
     console = console or Console(soft_wrap=True)
     check_machines(configs)
-    run = run or (run_in_process if spec.parallel == 1 else run_in_subprocess)
+    # A killed sweep's child runs hold their folders' locks: end them before looking.
+    reap_orphans()
+    run = run or (run_in_process if spec.parallel == 1 else SubprocessRuns())
     runs = out / RUNS_DIR
     todo, skipped, resumed = [], [], set()
     for config in configs:
@@ -444,14 +465,34 @@ def run_sweep(
         for config in todo:
             one(config)
     else:
-        with ThreadPoolExecutor(spec.parallel) as pool:
-            list(pool.map(one, todo))
+        run_parallel(one, todo, spec.parallel, run)
     done = [c for c in configs if is_finished(c, runs / c.path)]
     results = collect_results(done, runs, spec.accuracy, spec.success_psnr)
     table = summarise(results, collect_attacks(done, runs), spec.success_psnr)
     write_outputs(spec, results, table, failed, out)
     ran = [c for c in todo if str(c.path) not in failed]
     return SweepOutcome(out, ran, skipped, failed, results, table)
+
+
+def run_parallel(
+    one: Callable[[Configuration], None], todo: list[Configuration], parallel: int, run: RunFn
+) -> None:
+    """``one`` for each configuration, ``parallel`` at a time.
+
+    The sweep's session file lists its child runs (and their Ray) for the next
+    run to reap if this process is killed. On Ctrl-C, each running child is
+    asked to stop at its round end, once, and waited for; queued ones never start.
+    """
+    children = run.children if isinstance(run, SubprocessRuns) else ChildRuns()
+    pool = ThreadPoolExecutor(parallel)
+    with RaySession(scan=children.processes).watching():
+        try:
+            list(pool.map(one, todo))
+        except KeyboardInterrupt:
+            children.interrupt()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _finite_mean(values: pd.Series) -> float:
