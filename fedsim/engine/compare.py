@@ -31,7 +31,9 @@ Spec (TOML)::
 Runs: ``parallel = 1`` runs the configurations one after another in this
 process (one Ray start each; on 2 cores a run already uses both).
 ``parallel = N`` runs N at once, each as ``fedsim run`` in a subprocess with
-its own Ray (give the base ``backend.ray-cpus`` so they share the machine).
+its own Ray (give the base ``backend.ray-cpus`` so they share the machine); a
+Ctrl-C to the sweep stops each at its round end, and a sweep killed outright
+takes its runs with it (:class:`fedsim.engine.lifecycle.ChildRuns`).
 
 Resume: each run lives in ``<out>/runs/<configuration>/seed-<k>``; when it
 ends, a marker (``compare.json``: the hash of its resolved scenario) is

@@ -307,8 +307,8 @@ class RaySession:
 
     ``run_dir`` is set once the run folder exists (Ray starts before it: a
     refused resource split leaves no folder behind). ``scan`` finds what to
-    record below the driver: Ray's processes (a run), or every descendant (a
-    parallel sweep's child runs and their Ray).
+    record below the driver: Ray's processes (a run), or a parallel sweep's
+    child runs and theirs (:meth:`ChildRuns.processes`).
     """
 
     run_dir: Path | None = None
@@ -375,6 +375,7 @@ def _orphans(record: dict[str, Any]) -> dict[int, int] | None:
     # no process of that pid, the group's members are the driver's.
     if record.get("group-leader") and alive is None:
         processes.update(group_members(driver_pid))
+        processes.pop(os.getpid(), None)  # never this process, should it have joined that group
     return processes
 
 
