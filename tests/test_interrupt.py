@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import tomli_w
 from flwr.app import ArrayRecord
+from processes import fedsim, in_session, left, wait_for_ray_start
 
 from fedsim.engine.checkpoint import open_resume
 from fedsim.engine.lifecycle import (
@@ -30,7 +31,6 @@ from fedsim.engine.lifecycle import (
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.results import METRICS_FILE, unlock_run_dir
 
-REPO = Path(__file__).resolve().parents[1]
 # Many short rounds: the run is still going whenever the test signals it.
 LONG = {
     "name": "long",
@@ -40,52 +40,6 @@ LONG = {
     "client": {"local-steps": 1, "batch-size": 8},
     "backend": {"num-cpus": 1},
 }
-
-
-def _fedsim(*args: str) -> subprocess.Popen[str]:
-    """``fedsim ARGS`` in a session of its own, as a shell starts a job: a Ctrl-C is a
-    SIGINT to its process group, and what it leaves is counted by session."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "fedsim.cli", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _in_session(sid: int) -> dict[int, bytes]:
-    """Every live process of session ``sid``: pid -> command line (a process that
-    left its group or was never recorded still counts)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            text = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, NotADirectoryError):
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
-            found[int(entry.name)] = command
-    return found
-
-
-def _left(sid: int, wait: float) -> dict[int, bytes]:
-    """What session ``sid`` still runs after up to ``wait`` seconds."""
-    deadline = time.monotonic() + wait
-    while (left := _in_session(sid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
-def _wait_for_ray_start(process: subprocess.Popen[str]) -> None:
-    """Until ``process`` is starting Ray (its GCS is up; the raylet may not be)."""
-    deadline = time.monotonic() + 300
-    while not any(b"gcs_server" in cmd for cmd in _in_session(process.pid).values()):
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "Ray did not start in 300 s"
-        time.sleep(0.05)
 
 
 def _rounds_done(run_dir: Path) -> int:
@@ -125,7 +79,7 @@ def _alive(processes: dict[int, int], wait: float = 10.0) -> list[int]:
 def test_sigint_stops_and_resume_then_sigkill_leaves_nothing(tmp_path: Path) -> None:
     (tmp_path / "long.toml").write_text(tomli_w.dumps(LONG))
     run_dir = tmp_path / "run"
-    run = _fedsim("run", str(tmp_path / "long.toml"), "--out", str(run_dir))
+    run = fedsim("run", str(tmp_path / "long.toml"), "--out", str(run_dir))
     _wait_for_round(run_dir, 1, run)
     session_file, ray_processes = _session(run.pid)
     assert ray_processes  # Ray's GCS, raylet and workers were recorded
@@ -151,16 +105,16 @@ def test_sigint_stops_and_resume_then_sigkill_leaves_nothing(tmp_path: Path) -> 
 
     # Resume, then kill the driver outright: what it leaves (Ray's dashboard and
     # runtime-env agents outlive it) is gone once the next run starts Ray.
-    resumed = _fedsim("run", "--resume", str(run_dir))
+    resumed = fedsim("run", "--resume", str(run_dir))
     _wait_for_round(run_dir, checkpoint.round + 1, resumed)
     session_file, ray_processes = _session(resumed.pid)
     resumed.kill()
     resumed.wait(timeout=30)
-    following = _fedsim("run", "--resume", str(run_dir))
+    following = fedsim("run", "--resume", str(run_dir))
     started = time.monotonic()
-    _wait_for_ray_start(following)  # the killed run's processes were reaped just before
+    wait_for_ray_start(following)  # the killed run's processes were reaped just before
 
-    assert not _in_session(resumed.pid)
+    assert not in_session(resumed.pid)
     assert not session_file.exists()
     # Measured 10-30 s on a busy 2-core machine (imports and validation come first).
     assert time.monotonic() - started < 120
@@ -173,7 +127,7 @@ def test_sigint_stops_and_resume_then_sigkill_leaves_nothing(tmp_path: Path) -> 
         f"fedsim: interrupted (SIGINT); rounds up to {_rounds_done(run_dir)} are saved: "
         f"continue with fedsim run --resume {run_dir}"
     ], err
-    assert not _left(following.pid, wait=10)
+    assert not left(following.pid, wait=10)
 
 
 def test_sigterm_and_sigint_ask_for_a_stop_at_the_next_round_end(tmp_path: Path) -> None:
@@ -263,20 +217,20 @@ def test_a_parallel_sweep_killed_or_interrupted_leaves_nothing_and_continues(
     run_dirs = [out / "runs" / "fedavg" / f"seed-{seed}" for seed in (0, 1)]
 
     # SIGKILL to the sweep: its child runs stop at their round end (SIGTERM from the kernel).
-    sweep = _fedsim("compare", str(spec), "--out", str(out))
+    sweep = fedsim("compare", str(spec), "--out", str(out))
     children = _wait_for_rounds(run_dirs, {}, sweep)
     assert len(children) == 2
     sweep.kill()
     sweep.wait(timeout=30)
     for child in children:
-        assert not _left(child, wait=60)  # measured under 1 s
+        assert not left(child, wait=60)  # measured under 1 s
     for run_dir in run_dirs:
         log = run_dir.with_suffix(".log").read_text()
         assert "fedsim: interrupted (SIGTERM); rounds up to" in log
 
     # The next sweep continues both; Ctrl-C to it stops them once each, in one line.
     done = {d: _rounds_done(d) for d in run_dirs}
-    sweep = _fedsim("compare", str(spec), "--out", str(out))
+    sweep = fedsim("compare", str(spec), "--out", str(out))
     children = _wait_for_rounds(run_dirs, done, sweep)
     os.killpg(sweep.pid, signal.SIGINT)
     said, err = sweep.communicate(timeout=120)
@@ -289,11 +243,11 @@ def test_a_parallel_sweep_killed_or_interrupted_leaves_nothing_and_continues(
         f"continue with fedsim compare {spec} --out {out}"
     )
     for child in children:
-        assert not _left(child, wait=60)
+        assert not left(child, wait=60)
     for run_dir in run_dirs:
         log = run_dir.with_suffix(".log").read_text().splitlines()
         assert log[-1].startswith("fedsim: interrupted (SIGINT); rounds up to"), log[-3:]
-    assert not _left(sweep.pid, wait=10)
+    assert not left(sweep.pid, wait=10)
 
 
 def test_a_child_run_ends_with_the_sweep_that_started_it() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import tomli_w
 import torch
 from flwr.app import ArrayRecord
 from inprocess import InProcessGrid, tiny_table
+from processes import fedsim, in_session, left, wait_for_ray_start
 from rich.console import Console
 
 from fedsim.cli import main as cli_main
@@ -146,6 +148,56 @@ def test_run_killed_after_round_2_resumes_to_the_same_metrics(
     scenario, checkpoint = open_resume(run)
     assert checkpoint.round == killed_after
     run_scenario(scenario, resume=checkpoint, console=QUIET)
+    assert_same_outcome(run, reference)
+
+
+def _interrupt_at_random(
+    run: Path, args: tuple[str, ...], rng: random.Random
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``fedsim ARGS``, then SIGINT its group (Ctrl-C) or SIGKILL its driver at a
+    seeded random moment: while Ray starts, or up to 1.5 s after a random round's
+    checkpoint (the next round's training, or the checkpoint writing after it)."""
+    done = checkpointed_round(run) or 0
+    process = fedsim(*args)
+    # Not the last round: a signal after it could come once the run has ended.
+    moment = rng.choice(["start-up", *range(done + 1, TINY["federation"]["rounds"] - 1)])
+    if moment == "start-up":
+        wait_for_ray_start(process)
+    else:
+        _wait_for_checkpoint(run, process, int(moment))
+    time.sleep(rng.uniform(0.0, 1.5))
+    how = rng.choice(["SIGINT", "SIGKILL"])
+    if how == "SIGINT":
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.kill()
+    process.communicate(timeout=120)
+    return process, f"{how} at {moment}"
+
+
+@pytest.mark.slow  # three interrupted starts and a resume: 3-4 minutes on a busy 2-core machine
+def test_signals_at_random_moments_then_resume_give_the_uninterrupted_outcome(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    reference = reference_run(tmp_path_factory.getbasetemp())
+    run = tmp_path / "run"
+    fresh = ("run", str(scenario_file(tmp_path)), "--out", str(run), "--force")
+    rng = random.Random(29)
+    previous: subprocess.Popen[str] | None = None
+    for _ in range(3):
+        args = ("run", "--resume", str(run)) if checkpointed_round(run) else fresh
+        process, what = _interrupt_at_random(run, args, rng)
+        assert process.returncode in (130, -signal.SIGKILL), what
+        if previous is not None:  # reaped before this one started Ray
+            assert not in_session(previous.pid), what
+        previous = process
+
+    final = fedsim(*(("run", "--resume", str(run)) if checkpointed_round(run) else fresh))
+    _, err = final.communicate(timeout=600)
+
+    assert final.returncode == 0, err
+    assert previous is not None and not in_session(previous.pid)
+    assert not left(final.pid, wait=10)
     assert_same_outcome(run, reference)
 
 
