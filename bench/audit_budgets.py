@@ -98,8 +98,10 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     print()
-    print("| model | batch | attack | budget | PSNR | SSIM | labels | steps taken | converged "
-          "| s/image | knee |")
+    print(
+        "| model | batch | attack | budget | PSNR | SSIM | labels | steps taken | converged "
+        "| s/image | knee |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(

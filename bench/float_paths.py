@@ -69,11 +69,15 @@ def main() -> None:
     interval = median_interval(single, seed=SEED)
     other = statistics.median(double)
     covered = interval.low <= other <= interval.high
-    print(f"\nmedian |difference| per victim: {moved:.2f} dB (max "
-          f"{max(abs(b - a) for a, b in zip(single, double, strict=True)):.2f})")
-    print(f"float32 median {interval.value:.2f} dB, 95 % interval [{interval.low:.2f}, "
-          f"{interval.high:.2f}]; float64 median {other:.2f} dB: "
-          f"{'inside' if covered else 'OUTSIDE'} the interval")
+    print(
+        f"\nmedian |difference| per victim: {moved:.2f} dB (max "
+        f"{max(abs(b - a) for a, b in zip(single, double, strict=True)):.2f})"
+    )
+    print(
+        f"float32 median {interval.value:.2f} dB, 95 % interval [{interval.low:.2f}, "
+        f"{interval.high:.2f}]; float64 median {other:.2f} dB: "
+        f"{'inside' if covered else 'OUTSIDE'} the interval"
+    )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from fedsim.cli import main
 from fedsim.engine.experiment import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
@@ -67,3 +68,31 @@ def test_bad_input_is_one_line_and_status_2(
 
     assert status == 2
     assert message in capsys.readouterr().err
+
+
+def test_weights_put_every_victim_at_a_runs_trained_model(tmp_path: Path) -> None:
+    from fedsim.core.config import ModelConfig, ScenarioError
+    from fedsim.core.models import InputSpec, build_model
+    from fedsim.engine.experiment import AttackExperiment, experiment_probes
+
+    trained = build_model(ModelConfig("lenet5-split"), InputSpec(1, 32, 10), seed=7).state_dict()
+    weights = tmp_path / "model.pt"
+    torch.save(trained, weights)
+    experiment = AttackExperiment(
+        dataset="mnist-embedded", model="lenet5-split", init="default", num_images=2,
+        weights=str(weights), params={"steps": 1, "restarts": 1},
+    )  # fmt: skip
+
+    probes, _ = experiment_probes(experiment)
+
+    for probe in probes:
+        sent = probe.observation.global_params
+        assert all(torch.equal(sent[k], trained[k]) for k in sent)
+    with pytest.raises(ScenarioError, match="--weights"):
+        AttackExperiment(weights=str(tmp_path / "missing.pt"))
+    torch.save({"not": torch.zeros(1)}, tmp_path / "other.pt")
+    other = AttackExperiment(
+        dataset="mnist-embedded", model="lenet5-split", weights=str(tmp_path / "other.pt")
+    )
+    with pytest.raises(ScenarioError, match="does not fit the model"):
+        experiment_probes(other)

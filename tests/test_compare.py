@@ -25,6 +25,7 @@ from fedsim.engine.compare import (
     Configuration,
     configurations,
     load_spec,
+    run_results,
     run_sweep,
 )
 from fedsim.engine.results import METRICS_FILE
@@ -329,3 +330,33 @@ def test_fedavg_leaks_more_than_dp_fedsplit_and_fedcg(tmp_path: Path) -> None:
         assert ssim["FedAvg"] >= ssim[defended] + 0.3
     assert table["epsilon-mean"].to_dict()["FedAvg + DP-SGD"] > 0
     assert (tmp_path / "out" / PLOT_FILE).is_file()
+
+
+def test_a_run_with_a_portfolio_gets_a_verdict_row_first(tmp_path: Path) -> None:
+    run_dir = tmp_path / "sweep" / "runs" / "fedavg" / "seed-0"
+    run_dir.mkdir(parents=True)
+    pd.DataFrame({"round": [1], "test-acc": [0.9], "seconds": [1.0]}).to_csv(
+        run_dir / METRICS_FILE, index=False
+    )
+    pd.DataFrame(
+        {
+            "round": [1, 1, 1, 1],
+            "client": [0, 0, 1, 1],
+            "attack": ["dlg", "ig", "dlg", "ig"],
+            "threat-model": ["probe"] * 4,
+            "psnr": [6.0, 22.0, 30.0, 12.0],
+            "ssim": [0.1, 0.9, 0.95, 0.4],
+            "label-acc": [1.0, 1.0, 1.0, 1.0],
+            "converged": [True] * 4,
+            "batch-size": [1] * 4,
+            "attacker-residual": [0.5, 0.1, 0.1, 0.5],
+        }
+    ).to_csv(run_dir / AUDIT_FILE, index=False)
+    config = Configuration("FedAvg", "fedavg", "none", 0, Scenario())
+
+    rows = run_results(config, run_dir, "auto")
+
+    assert [r["attack"] for r in rows] == ["verdict", "dlg", "ig"]
+    # Per victim the best attack (22 and 30 dB), then the mean as for every attack row.
+    assert rows[0]["psnr"] == pytest.approx(26.0) and rows[0]["audited"] == 2
+    assert rows[1]["psnr"] == pytest.approx(18.0)

@@ -22,7 +22,12 @@ from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord
 from fedsim.engine.audit.fidelity import attacker_residual
 from fedsim.engine.audit.portfolio import resolve_attacks
 from fedsim.engine.audit.verdict import round_verdict, victim_verdict, victim_verdicts
-from fedsim.engine.experiment import AttackExperiment, run_attack_experiment
+from fedsim.engine.experiment import (
+    AttackExperiment,
+    Probe,
+    experiment_probes,
+    run_attack_experiment,
+)
 from fedsim.engine.validate import check_components
 from fedsim.strategies import STRATEGIES
 
@@ -45,6 +50,19 @@ def _row(attack: str, psnr: float, converged: bool = True, **fields: Any) -> dic
     )
     values.update(fields)
     return AuditRecord(**values).to_row()
+
+
+def _lenet5_probe() -> Probe:
+    """One embedded digit's gradient under FedCG's LeNet-5 (default init), and its truth."""
+    experiment = AttackExperiment(
+        attack="dlg",
+        params={"steps": 1, "restarts": 1},
+        dataset="mnist-embedded",
+        model="lenet5-split",
+        init="default",
+        num_images=1,
+    )
+    return experiment_probes(experiment)[0][0]
 
 
 # -- the verdict over attacks ------------------------------------------------------
@@ -149,15 +167,7 @@ def test_a_planted_divergence_is_excluded_and_counted() -> None:
             z[1] = math.nan  # restart 1 starts at NaN: its objective is not finite
             return z, low, high
 
-    experiment = AttackExperiment(
-        attack="dlg",
-        dataset="mnist-embedded",
-        model="lenet5-split",
-        init="default",
-        num_images=1,
-    )
-    outcome = run_attack_experiment(experiment)
-    observation = outcome.probes[0].observation
+    observation = _lenet5_probe().observation
     rec = PlantedDLG(DLGParams(steps=20, restarts=2)).reconstruct(observation)
 
     assert rec.details["diverged_restarts"] == 1
@@ -280,16 +290,7 @@ def test_hand_listed_attacks_that_ran_before_are_still_accepted(scenario: str) -
 
 
 def test_attacker_residual_needs_no_truth_and_is_zero_on_the_true_batch() -> None:
-    experiment = AttackExperiment(
-        attack="dlg",
-        dataset="mnist-embedded",
-        model="lenet5-split",
-        init="default",
-        num_images=1,
-    )
-    probe = run_attack_experiment(
-        dataclasses.replace(experiment, params={"steps": 1, "restarts": 1})
-    ).probes[0]
+    probe = _lenet5_probe()
     rec = DLG(DLGParams(steps=1, restarts=1)).reconstruct(probe.observation)
     exact = dataclasses.replace(rec, images=probe.truth.images, labels=probe.truth.labels)
 

@@ -52,7 +52,10 @@ local have no global model). Audit columns are means over every audited
 (round, victim) of the run, non-finite PSNRs left out as the auditor does. A
 mean hides a split (3.3 and 54.7 dB average to 29 dB), so the table also gives
 the median and max PSNR and the share of attacks at or above ``success-psnr``,
-over every attack of every seed. ``seconds`` is each run's true wall time.
+over every attack of every seed. A run that ran more than one attack (the
+``"auto"`` portfolio) also gets a ``verdict`` row, first: the same statistics
+over its victims' verdicts (per victim the best of its attacks, ``verdict.csv``).
+``seconds`` is each run's true wall time.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ from fedsim.core.config import (
     scenario_to_dict,
 )
 from fedsim.core.protocol import AuditRecord
+from fedsim.engine.audit.verdict import victim_verdicts
 from fedsim.engine.checkpoint import checkpointed_round, open_resume
 from fedsim.engine.lifecycle import (
     INTERRUPTED_STATUS,
@@ -535,19 +539,38 @@ def run_results(
         return [{**row, "attack": "", **unaudited, **leakage_stats([], success_psnr)}]
     audit = pd.read_csv(audit_file)
     col = AuditRecord.column
+    threat = "/".join(sorted(set(audit[col("threat_model")])))
+    scored = [
+        (attack, group[col("psnr")], group[col("ssim")], group[col("label_acc")])
+        for attack, group in audit.groupby(col("attack"), sort=False)
+    ]
+    verdicts = verdict_rows(audit)
+    if verdicts is not None:  # a portfolio ran: its worst case per victim comes first
+        scored.insert(0, (VERDICT, verdicts["psnr"], verdicts["ssim"], verdicts["label-acc"]))
     return [
         {
             **row,
             "attack": attack,
-            "threat-model": "/".join(sorted(set(group[col("threat_model")]))),
-            "audited": len(group),
-            "psnr": _finite_mean(group[col("psnr")]),
-            "ssim": float(group[col("ssim")].mean()),
-            "label-acc": float(group[col("label_acc")].mean()),
-            **leakage_stats(group[col("psnr")], success_psnr),
+            "threat-model": threat,
+            "audited": len(psnr),
+            "psnr": _finite_mean(psnr),
+            "ssim": float(ssim.mean()),
+            "label-acc": float(labels.mean()),
+            **leakage_stats(psnr, success_psnr),
         }
-        for attack, group in audit.groupby(col("attack"), sort=False)
+        for attack, psnr, ssim, labels in scored
     ]
+
+
+VERDICT = "verdict"
+"""The ``attack`` of a run's verdict rows: per victim the best of its attacks."""
+
+
+def verdict_rows(audit: pd.DataFrame) -> pd.DataFrame | None:
+    """A run's verdicts (as in its ``verdict.csv``) when more than one attack ran; else
+    ``None``: the verdict is that attack."""
+    several = audit[AuditRecord.column("attack")].nunique() > 1
+    return victim_verdicts(audit) if several else None
 
 
 def collect_results(
@@ -564,13 +587,16 @@ def collect_results(
 def collect_attacks(configs: list[Configuration], runs: Path) -> pd.DataFrame:
     """Every audited attack of every finished run: configuration, seed, attack, PSNR."""
     col = AuditRecord.column
-    frames = [
-        pd.read_csv(runs / c.path / AUDIT_FILE)[[col("attack"), col("psnr")]].assign(
-            configuration=c.label, seed=c.seed
-        )
-        for c in configs
-        if (runs / c.path / AUDIT_FILE).is_file()
-    ]
+    frames = []
+    for c in configs:
+        if not (runs / c.path / AUDIT_FILE).is_file():
+            continue
+        audit = pd.read_csv(runs / c.path / AUDIT_FILE)
+        verdicts = verdict_rows(audit)
+        audit = audit[[col("attack"), col("psnr")]]
+        if verdicts is not None:
+            audit = pd.concat([verdicts[["psnr"]].assign(attack=VERDICT), audit])
+        frames.append(audit.assign(configuration=c.label, seed=c.seed))
     columns = ["attack", "psnr", "configuration", "seed"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 

@@ -32,6 +32,7 @@ from fedsim import fedsim_version
 from fedsim.core import protocol
 from fedsim.core.metrics import EXACT_PSNR
 from fedsim.core.protocol import AuditRecord
+from fedsim.engine.audit.verdict import victim_verdicts
 from fedsim.engine.figures import data_uri, figure_png
 from fedsim.engine.report_templates import TEMPLATES
 from fedsim.engine.results import (
@@ -41,7 +42,6 @@ from fedsim.engine.results import (
     METRICS_FILE,
     REPORT_FILE,
     SCENARIO_FILE,
-    VERDICT_FILE,
     audit_image_name,
     audit_seed,
     audit_table,
@@ -280,6 +280,7 @@ AUDIT_SUMMARY_COLUMNS = [
     Column("success-rate", "success"),
     Column("ssim-mean", "SSIM"),
     Column("label-acc-mean", "label acc."),
+    Column("converged-share", "converged"),
     Column("seconds-mean", "seconds"),
 ]
 AUDIT_ROW_FIELDS = (
@@ -340,7 +341,7 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
         "success_psnr": f"{success_psnr:g}",
     }
     if not audit.empty:
-        verdicts = pd.read_csv(run_dir / VERDICT_FILE)
+        verdicts = victim_verdicts(audit)  # derived from audit.csv, as verdict.csv is
         rounds = round_verdict_table(verdicts, audit_seed(scenario), success_psnr)
         summary = audit_table(audit, success_psnr)
         summary["success-rate"] = [f"{v:.0%}" for v in summary["success-rate"]]

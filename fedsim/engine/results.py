@@ -29,7 +29,7 @@ from tabulate import tabulate
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, require, scenario_to_dict
 from fedsim.core.protocol import AuditRecord
-from fedsim.engine.audit.verdict import round_verdicts
+from fedsim.engine.audit.verdict import round_verdicts, victim_verdicts
 from fedsim.engine.loop import RoundRecord
 
 METRICS_FILE = "metrics.csv"
@@ -269,7 +269,11 @@ def audit_table(audit: pd.DataFrame, threshold: float = DEFAULT_SUCCESS_PSNR) ->
             **leakage_stats(group[col("psnr")], threshold),
             "ssim-mean": float(group[col("ssim")].mean()),
             "label-acc-mean": float(group[col("label_acc")].mean()),
-            "converged-share": float(group[col("converged")].astype(bool).mean()),
+            "converged-share": (
+                float(group[col("converged")].astype(bool).mean())
+                if col("converged") in group  # absent from runs recorded before it was
+                else math.nan
+            ),
             "seconds-mean": float(group[col("seconds")].mean()),
         }
         for attack, group in audit.groupby(col("attack"), sort=False)
@@ -483,9 +487,9 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
     not audited)."""
     if not (run_dir / AUDIT_FILE).is_file():
         return []
-    verdicts = pd.read_csv(run_dir / VERDICT_FILE)
+    audit = pd.read_csv(run_dir / AUDIT_FILE)
     seed = audit_seed((run_dir / SCENARIO_FILE).read_text())
-    verdict = round_verdict_table(verdicts, seed, threshold)
+    verdict = round_verdict_table(victim_verdicts(audit), seed, threshold)
     lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.rows)
     headers = [
         "round",
@@ -498,7 +502,7 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
         "bound",
         "strongest attack",
     ]
-    table = audit_table(pd.read_csv(run_dir / AUDIT_FILE), threshold)
+    table = audit_table(audit, threshold)
     lines = [
         "",
         "## Privacy audit",
@@ -527,6 +531,6 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
         lines.append(
             f"| {r['attack']} | {r['attacks']} | {r['psnr-mean']:.2f} | {r['psnr-median']:.2f} "
             f"| {r['psnr-max']:.2f} | {r['success-rate']:.0%} | {r['ssim-mean']:.3f} "
-            f"| {r['label-acc-mean']:.0%} | {r['converged-share']:.0%} |"
+            f"| {r['label-acc-mean']:.0%} | {number_text(r['converged-share'], 0, 100, '%')} |"
         )
     return lines

@@ -53,7 +53,7 @@ from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
 from fedsim.engine.audit.fidelity import attacker_residual, fidelity_residual, residual_note
 from fedsim.engine.audit.observe import ServerView, observe_reply, reveal_batch_statistics
-from fedsim.engine.audit.verdict import round_verdict, victim_verdicts
+from fedsim.engine.audit.verdict import round_verdict, verdict_line, victim_verdicts
 from fedsim.engine.figures import draw_pairs, scored_pairs
 from fedsim.engine.loop import RoundRecord
 from fedsim.engine.progress import AttackProgressLines, board_reporter, start_board
@@ -443,9 +443,9 @@ class Auditor:
                 rows = [r for r in self.rows if r[col("round")] == record.round]
             if rows:
                 verdicts = victim_verdicts(pd.DataFrame(rows))
-                record.server.update(
-                    round_verdict(verdicts, record.round, self.cfg.seed, DEFAULT_SUCCESS_PSNR)
-                )
+                verdict = round_verdict(verdicts, record.round, self.cfg.seed, DEFAULT_SUCCESS_PSNR)
+                record.server.update(verdict)
+                self.console.print(verdict_line(record.round, verdict, verdicts), markup=False)
 
     # -- checkpointing (fedsim.engine.checkpoint.Checkpointable) ------------------------
 

@@ -46,11 +46,14 @@ def _best(group: pd.DataFrame, field_name: str) -> tuple[float, str]:
 def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
     """The verdict of one victim in one round from its attacks' ``audit.csv`` rows."""
     group = group.reset_index(drop=True)
-    converged = group[_col("converged")].astype(bool)
+    # Rows written before convergence and the attacker's residual were recorded (a run
+    # resumed from an older checkpoint) count as not converged, with no residual.
+    converged = group.get(_col("converged"), pd.Series(False, index=group.index)).astype(bool)
     psnr, psnr_attack = _best(group, "psnr")
     ssim, ssim_attack = _best(group, "ssim")
     label_acc, label_attack = _best(group, "label_acc")
-    residual = group[_col("attacker_residual")].astype(float)
+    residual = group.get(_col("attacker_residual"), pd.Series(math.nan, index=group.index))
+    residual = residual.astype(float)
     if residual.notna().any():
         pick = group.iloc[int(residual.fillna(math.inf).to_numpy().argmin())]
         pick_attack, pick_psnr, pick_ssim = (
@@ -146,3 +149,17 @@ def strongest_attacks(attacks: Sequence[str] | pd.Series) -> str:
         return "-"
     counts = pd.Series(names).value_counts(sort=True)
     return ", ".join(f"{name} {count}/{len(names)}" for name, count in counts.items())
+
+
+def verdict_line(server_round: int, verdict: dict[str, float], verdicts: pd.DataFrame) -> str:
+    """The round's verdict in one terminal line."""
+    psnr = verdict[protocol.AUDIT_PSNR]
+    low, high = verdict[protocol.AUDIT_PSNR_LOW], verdict[protocol.AUDIT_PSNR_HIGH]
+    interval = "" if math.isnan(low) else f" [{low:.1f}, {high:.1f}]"
+    bound = LOWER_BOUND if verdict[protocol.AUDIT_LOWER_BOUND] else CONVERGED
+    victims = int(verdict[protocol.AUDIT_VICTIMS])
+    strongest = strongest_attacks(verdicts[verdicts["round"] == server_round]["psnr-attack"])
+    return (
+        f"  audit round {server_round} verdict: PSNR {psnr:.2f} dB{interval} (median over "
+        f"{victims} victim{'s' if victims != 1 else ''}; {bound}), strongest: {strongest}"
+    )
