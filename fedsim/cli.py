@@ -15,7 +15,7 @@ from fedsim import fedsim_version
 from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError
 from fedsim.core.registry import UnknownNameError
-from fedsim.engine.lifecycle import INTERRUPTED_STATUS, RunInterrupted
+from fedsim.engine.lifecycle import INTERRUPTED_STATUS, RunInterrupted, end_with_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    end_with_parent()  # a child run of a parallel sweep stops when the sweep dies
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = build_parser().parse_args(argv)
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunInterrupted as err:
         print(f"fedsim: {err}", file=sys.stderr)
+        return INTERRUPTED_STATUS
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (imports, reading)
+        print(f"fedsim: interrupted (SIGINT); {args.command} did not finish", file=sys.stderr)
         return INTERRUPTED_STATUS
 
 

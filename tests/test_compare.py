@@ -257,6 +257,29 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
     assert "Failed runs" in (tmp_path / "out" / REPORT_FILE).read_text()
 
 
+def test_a_finished_run_missing_its_metrics_is_run_again(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path)
+    out = tmp_path / "out"
+    run_sweep(spec, configs, out, Console(quiet=True), FakeRuns())
+    (out / RUNS_DIR / configs[1].path / METRICS_FILE).unlink()
+
+    again = FakeRuns()
+    outcome = run_sweep(spec, configs, out, Console(quiet=True), again)
+
+    assert again.calls == [configs[1].scenario.name]
+    assert len(outcome.results) == 6 and not outcome.failed
+
+
+def test_a_dry_run_refuses_what_the_run_refuses(tmp_path: Path) -> None:
+    # No CUDA here: a GPU share would leave Ray waiting forever.
+    gpu_base = {**BASE, "backend": {"num-gpus": 0.5}}
+    spec = _write_spec(tmp_path, {**SPEC, "base": gpu_base, "defences": [{"label": "none"}]})
+
+    for dry in (["--dry-run"], []):
+        assert main(["compare", str(spec), "--out", str(tmp_path / "out"), *dry]) == 2
+    assert not (tmp_path / "out").exists()
+
+
 def test_parallel_runs_cover_every_configuration(tmp_path: Path) -> None:
     spec, configs = _configs(tmp_path, {**SPEC, "parallel": 3})
     runs = FakeRuns()

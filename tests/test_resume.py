@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import tomli_w
 import torch
 from flwr.app import ArrayRecord
 from inprocess import InProcessGrid, tiny_table
+from processes import fedsim, in_session, left, wait_for_ray_start
 from rich.console import Console
 
 from fedsim.cli import main as cli_main
@@ -146,6 +148,56 @@ def test_run_killed_after_round_2_resumes_to_the_same_metrics(
     scenario, checkpoint = open_resume(run)
     assert checkpoint.round == killed_after
     run_scenario(scenario, resume=checkpoint, console=QUIET)
+    assert_same_outcome(run, reference)
+
+
+def _interrupt_at_random(
+    run: Path, args: tuple[str, ...], rng: random.Random
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``fedsim ARGS``, then SIGINT its group (Ctrl-C) or SIGKILL its driver at a
+    seeded random moment: while Ray starts, or up to 1.5 s after a random round's
+    checkpoint (the next round's training, or the checkpoint writing after it)."""
+    done = checkpointed_round(run) or 0
+    process = fedsim(*args)
+    # Not the last round: a signal after it could come once the run has ended.
+    moment = rng.choice(["start-up", *range(done + 1, TINY["federation"]["rounds"] - 1)])
+    if moment == "start-up":
+        wait_for_ray_start(process)
+    else:
+        _wait_for_checkpoint(run, process, int(moment))
+    time.sleep(rng.uniform(0.0, 1.5))
+    how = rng.choice(["SIGINT", "SIGKILL"])
+    if how == "SIGINT":
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.kill()
+    process.communicate(timeout=120)
+    return process, f"{how} at {moment}"
+
+
+@pytest.mark.slow  # three interrupted starts and a resume: 3-4 minutes on a busy 2-core machine
+def test_signals_at_random_moments_then_resume_give_the_uninterrupted_outcome(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    reference = reference_run(tmp_path_factory.getbasetemp())
+    run = tmp_path / "run"
+    fresh = ("run", str(scenario_file(tmp_path)), "--out", str(run), "--force")
+    rng = random.Random(29)
+    previous: subprocess.Popen[str] | None = None
+    for _ in range(3):
+        args = ("run", "--resume", str(run)) if checkpointed_round(run) else fresh
+        process, what = _interrupt_at_random(run, args, rng)
+        assert process.returncode in (130, -signal.SIGKILL), what
+        if previous is not None:  # reaped before this one started Ray
+            assert not in_session(previous.pid), what
+        previous = process
+
+    final = fedsim(*(("run", "--resume", str(run)) if checkpointed_round(run) else fresh))
+    _, err = final.communicate(timeout=600)
+
+    assert final.returncode == 0, err
+    assert previous is not None and not in_session(previous.pid)
+    assert not left(final.pid, wait=10)
     assert_same_outcome(run, reference)
 
 
@@ -315,7 +367,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path) -> None:
     scenario_path.write_text(scenario_path.read_text().replace("lr = 0.003", "lr = 0.1"))
 
     for folder, reason in [
-        (tmp_path / "missing", "no such directory"),
+        (tmp_path / "missing", "is missing"),
         (not_a_run, "not a fedsim run directory"),
         (no_checkpoint, "has no checkpoint"),
         (finished, "already finished all 2 rounds"),
@@ -347,17 +399,70 @@ def test_resume_may_extend_the_rounds(tmp_path: Path) -> None:
     assert checkpoint.components["recorder"]["rows"][0]["round"] == 2
 
 
-def test_checkpoints_load_weights_only(tmp_path: Path) -> None:
+def test_resume_refuses_fewer_rounds_than_were_run(tmp_path: Path) -> None:
+    run_dir = checkpointed_run(tmp_path, rounds=4, done=2)
+    scenario_path = run_dir / SCENARIO_FILE
+    scenario_path.write_text(scenario_path.read_text().replace("rounds = 4", "rounds = 1"))
+
+    with pytest.raises(ScenarioError) as err:
+        open_resume(run_dir)
+
+    assert (err.value.key, err.value.value) == ("federation.rounds", 1)
+    assert "below the 2 rounds" in str(err.value) and "may only be raised" in str(err.value)
+
+
+def test_resume_says_what_a_checkpoint_path_of_the_wrong_kind_is(tmp_path: Path) -> None:
     run_dir = checkpointed_run(tmp_path)
     state_path = run_dir / CHECKPOINT_DIR / STATE_FILE
-    torch.save({"format": 2, "round": 2, "payload": Crash()}, state_path)  # arbitrary pickle
-    manifest_path = run_dir / CHECKPOINT_DIR / MANIFEST_FILE
-    manifest = json.loads(manifest_path.read_text())
-    manifest["state"] = sha256(state_path)  # a forger who also fixes the checksum
-    manifest_path.write_text(json.dumps(manifest))
+    state_path.unlink()
+    state_path.mkdir()
+
+    with pytest.raises(ScenarioError, match=f"{STATE_FILE} is a directory; expected the"):
+        open_resume(run_dir)
+
+
+def _forge(run_dir: Path, rel: str, content: Any) -> None:
+    """Replace checkpoint file ``rel`` by ``torch.save(content)``, checksum updated to match
+    (a forger who also fixes the manifest)."""
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    path = checkpoint_dir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(content, path)
+    manifest = json.loads((checkpoint_dir / MANIFEST_FILE).read_text())
+    if rel == STATE_FILE:
+        manifest["state"] = sha256(path)
+    else:
+        manifest[CLIENT_STATE_DIR][rel.removeprefix(f"{CLIENT_STATE_DIR}/")] = sha256(path)
+    (checkpoint_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+def test_checkpoints_load_weights_only(tmp_path: Path) -> None:
+    run_dir = checkpointed_run(tmp_path)
+    _forge(run_dir, STATE_FILE, {"format": 2, "round": 2, "payload": Crash()})  # arbitrary pickle
 
     with pytest.raises(ScenarioError, match="not a fedsim checkpoint"):
         open_resume(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ({"round": 2, "arrays": {"w": Crash()}}, "pickles Python objects"),  # pickled code
+        ({"round": 2, "arrays": [1.0]}, "not {'round': int, 'arrays': {name: tensor}}"),
+    ],
+)
+def test_resume_names_a_client_file_that_is_not_a_weights_only_state_dict(
+    tmp_path: Path, content: Any, reason: str
+) -> None:
+    run_dir = checkpointed_run(tmp_path)
+    _forge(run_dir, f"{CLIENT_STATE_DIR}/partition-1.pt", content)
+
+    with pytest.raises(ScenarioError) as err:
+        open_resume(run_dir)
+
+    message = str(err.value)
+    assert f"{CLIENT_STATE_DIR}/partition-1.pt is not a weights-only state dict" in message
+    assert reason in message and "\n" not in message
 
 
 def test_cli_reports_bad_resume_before_starting_anything(

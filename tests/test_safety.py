@@ -7,6 +7,7 @@ one line and touches nothing outside the folder.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -53,12 +54,19 @@ SCENARIO: dict[str, Any] = {
 }
 
 
+def private_bytes(partition: int) -> bytes:
+    """A client's private-state file as fedsim writes it (resuming loads every one)."""
+    buffer = io.BytesIO()
+    torch.save({"round": 2, "arrays": {"w": torch.full((2,), float(partition))}}, buffer)
+    return buffer.getvalue()
+
+
 def checkpointed(folder: Path, files: dict[str, bytes] | None = None) -> Path:
     """A run folder with a round-2 checkpoint holding client ``files`` (no simulation)."""
     scenario = scenario_from_dict(SCENARIO)
     run_dir = new_run_dir(scenario, folder)
     write_scenario(scenario, run_dir)
-    for name, content in (files or {"partition-0.pt": b"private 0"}).items():
+    for name, content in (files or {"partition-0.pt": private_bytes(0)}).items():
         (run_dir / CLIENT_STATE_DIR).mkdir(exist_ok=True)
         (run_dir / CLIENT_STATE_DIR / name).write_bytes(content)
     recorder = RunRecorder(run_dir, 4, QUIET)
@@ -231,11 +239,11 @@ def test_a_checkpoint_missing_keys_is_refused(tmp_path: Path) -> None:
 def test_deleted_or_garbage_live_client_state_is_restored_from_the_checkpoint(
     tmp_path: Path,
 ) -> None:
-    files = {"partition-0.pt": b"private 0", "partition-1.pt": b"private 1"}
+    files = {f"partition-{p}.pt": private_bytes(p) for p in (0, 1)}
     run_dir = checkpointed(tmp_path / "run", files)
     live = run_dir / CLIENT_STATE_DIR
     (live / "partition-0.pt").unlink()
-    (live / "partition-1.pt").write_bytes(b"garbage!!")  # same size, other bytes
+    (live / "partition-1.pt").write_bytes(bytes(len(files["partition-1.pt"])))  # same size
 
     open_resume(run_dir)
 

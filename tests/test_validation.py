@@ -92,6 +92,16 @@ def test_an_unreadable_file_is_refused(
     refused(["run", path], capsys, "scenario", "cannot be read (Permission denied)")
 
 
+def test_paths_of_the_wrong_kind_are_refused_saying_what_they_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = write(tmp_path / "run.toml", b'name = "x"\n')
+    refused(["run", str(tmp_path)], capsys, "scenario", "is a directory; expected a TOML file")
+    refused(["run", os.devnull], capsys, "scenario", "is a character device; expected a TOML")
+    refused(["compare", str(tmp_path)], capsys, "spec", "is a directory; expected a TOML file")
+    refused(["run", "--resume", file], capsys, "--resume", "is a file; expected a run directory")
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "fragment"),
     [
@@ -106,6 +116,11 @@ def test_an_unreadable_file_is_refused(
             ['data.partitioner={name="dirichlet", min-size=5000}'],
             "data.partitioner",
             "need 20000, the dataset has 4000",
+        ),
+        (
+            ['data.partitioner={name="shards", classes-per-client=50}'],
+            "data.partitioner",
+            "classes-per-client = 50 is above the dataset's 10 classes; allowed 1 to 10",
         ),
         (["federation.seed=-1"], "federation.seed", ">= 0"),
         (["audit.seed=-3"], "audit.seed", ">= 0"),

@@ -21,12 +21,16 @@ message: the server never reads ``state_dir``.
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord
+
+from fedsim.core.config import first_line
 
 if TYPE_CHECKING:
     from fedsim.clients.base import ClientEnv
@@ -48,8 +52,32 @@ def load_private(env: ClientEnv) -> dict[str, torch.Tensor] | None:
     if env.state_dir is not None:
         path = state_file(env.state_dir, env.partition_id)
         if path.is_file() and not path.is_symlink():  # never read through a link
-            return dict(torch.load(path, weights_only=True)["arrays"])
+            return read_private(path)
     return None
+
+
+def read_private(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a private-state file; ``ValueError`` saying why when it is not one.
+
+    ``weights_only`` refuses pickled code (UnpicklingError) and truncation fails in the
+    zip reader; a loadable file of another shape would fail later, in a client actor.
+    """
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+        raise ValueError("not a torch.save file")
+    try:
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:  # torch's text here advises weights_only=False: not ours
+        raise ValueError("it pickles Python objects other than tensors; not loaded") from None
+    except Exception as err:  # whatever the zip reader meets first
+        raise ValueError(first_line(err)) from None
+    arrays = state.get("arrays") if isinstance(state, dict) else None
+    if not (
+        isinstance(arrays, dict)
+        and isinstance(state.get("round"), int)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in arrays.items())
+    ):
+        raise ValueError("not {'round': int, 'arrays': {name: tensor}}")
+    return dict(arrays)
 
 
 def save_private(env: ClientEnv, tensors: Tensors, server_round: int) -> None:

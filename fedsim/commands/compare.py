@@ -30,6 +30,7 @@ class CompareCommand:
         from fedsim.engine.compare import (
             REPORT_FILE,
             RUNS_DIR,
+            check_machines,
             configurations,
             is_finished,
             load_spec,
@@ -43,17 +44,18 @@ class CompareCommand:
         out = Path(args.out) if args.out else Path(configs[0].scenario.output.dir) / spec.name
         console = Console(soft_wrap=True)
         if args.dry_run:
+            check_machines(configs)
             for config in configs:
                 done = is_finished(config, out / RUNS_DIR / config.path)
                 console.print(f"{'done' if done else 'to run'}  {config.path}  ({config.label})")
             return 0
         try:
             outcome = run_sweep(spec, configs, out, console)
-        except RunInterrupted as stop:
+        except KeyboardInterrupt as stop:  # a run's RunInterrupted, or Ctrl-C between runs
+            name = stop.signal_name if isinstance(stop, RunInterrupted) else "SIGINT"
             console.print(
-                f"fedsim: interrupted ({stop.signal_name}); finished runs and the completed "
-                f"rounds of {stop.run_dir} are saved: continue with the same "
-                f"fedsim compare command (--out {out})",
+                f"fedsim: interrupted ({name}); finished runs and completed rounds are saved: "
+                f"continue with fedsim compare {args.spec} --out {out}",
                 markup=False,
             )
             return INTERRUPTED_STATUS

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import stat
 import tomllib
 import types
 import typing
@@ -567,11 +568,30 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     return scenario
 
 
+def path_kind(path: Path) -> str:
+    """What ``path`` is, for a refusal that says it: "a directory", "missing", ..."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:  # a dangling link too: nothing is there to read
+        return "missing (no such file or directory)"
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def read_toml(path: str | Path, key: str = "scenario") -> dict[str, Any]:
     """The tables of TOML file ``path``; a missing or malformed file is a :class:`ScenarioError`."""
     path = Path(path)
     if not path.is_file():
-        raise ScenarioError(key, str(path), "no such file")
+        raise ScenarioError(key, str(path), f"is {path_kind(path)}; expected a TOML file")
     try:
         return tomllib.loads(path.read_bytes().decode("utf-8"))
     except OSError as err:

@@ -116,6 +116,12 @@ def shards(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: ShardsParams
 ) -> list[np.ndarray]:
     """Pathological skew: label-sorted shards, classes-per-client shards to each client."""
+    classes = len(np.unique(labels))
+    if params.classes_per_client > classes:  # shards of every class: an IID split in disguise
+        raise ValueError(
+            f"classes-per-client = {params.classes_per_client} is above the dataset's "
+            f"{classes} classes; allowed 1 to {classes}"
+        )
     # Sort by label, cut into num_clients * k shards, deal k shards to each client.
     order = np.argsort(labels, kind="stable")
     num_shards = num_clients * params.classes_per_client

@@ -53,11 +53,13 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
+from fedsim.clients.private_state import read_private
 from fedsim.core.config import (
     Scenario,
     ScenarioError,
     first_line,
     load_scenario,
+    path_kind,
     require,
     scenario_to_dict,
 )
@@ -312,6 +314,26 @@ def verify_checkpoint(run_dir: Path) -> dict[str, str]:
     return digests
 
 
+def check_client_files(run_dir: Path, digests: Mapping[str, str]) -> None:
+    """Every private-state file (``*.pt``) of the checkpoint loads as one, weights only.
+
+    Checksums prove a file unchanged since it was written, not that a fedsim client
+    wrote it: a forger can update the manifest too. A client would fail on it in its
+    actor; refused here instead, naming the file.
+    """
+    mirror = run_dir / CHECKPOINT_DIR / CLIENT_STATE_DIR
+    for rel in sorted(r for r in digests if r.endswith(".pt")):
+        try:
+            read_private(inside(mirror, rel))
+        except ValueError as err:
+            raise ScenarioError(
+                "--resume",
+                str(run_dir),
+                f"{CHECKPOINT_DIR}/{CLIENT_STATE_DIR}/{rel} is not a weights-only state dict "
+                f"of a fedsim client ({err}); start the run again",
+            ) from None
+
+
 def restore_client_state(run_dir: Path) -> None:
     """Put ``client_state/`` back as the checkpoint has it (clients may have written past it).
 
@@ -382,7 +404,12 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
     to extend a run; any other change since the checkpoint is refused.
     """
     path = Path(run_dir)
-    require(path.is_dir(), "--resume", str(path), "no such directory")
+    require(
+        path.is_dir(),
+        "--resume",
+        str(path),
+        f"is {path_kind(path)}; expected a run directory (the folder fedsim run wrote)",
+    )
     require(
         (path / SCENARIO_FILE).is_file(),
         "--resume",
@@ -395,12 +422,19 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
     recover(path)
     state_path = path / CHECKPOINT_DIR / STATE_FILE
     require(
+        state_path.is_file() or not os.path.lexists(state_path),
+        "--resume",
+        str(path),
+        f"{CHECKPOINT_DIR}/{STATE_FILE} is {path_kind(state_path)}; expected the checkpoint "
+        "file torch.save wrote",
+    )
+    require(
         state_path.is_file(),
         "--resume",
         str(path),
         "has no checkpoint: the run stopped before its first round ended; start it again",
     )
-    verify_checkpoint(path)
+    check_client_files(path, verify_checkpoint(path))
     try:
         state = torch.load(state_path, weights_only=True)
     except Exception as err:  # any unreadable file is one refusal
@@ -439,6 +473,14 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
             "only federation.rounds may change",
         )
     rounds = scenario.federation.rounds
+    # Fewer rounds than were run would leave metrics and summary disagreeing with
+    # scenario.toml.
+    require(
+        rounds >= state["round"],
+        "federation.rounds",
+        rounds,
+        f"is below the {state['round']} rounds {path} already ran; rounds may only be raised",
+    )
     # Killed after the last round's checkpoint but before the final model was
     # saved: resuming runs no round and writes what is missing.
     require(

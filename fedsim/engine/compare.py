@@ -31,7 +31,9 @@ Spec (TOML)::
 Runs: ``parallel = 1`` runs the configurations one after another in this
 process (one Ray start each; on 2 cores a run already uses both).
 ``parallel = N`` runs N at once, each as ``fedsim run`` in a subprocess with
-its own Ray (give the base ``backend.ray-cpus`` so they share the machine).
+its own Ray (give the base ``backend.ray-cpus`` so they share the machine); a
+Ctrl-C to the sweep stops each at its round end, and a sweep killed outright
+takes its runs with it (:class:`fedsim.engine.lifecycle.ChildRuns`).
 
 Resume: each run lives in ``<out>/runs/<configuration>/seed-<k>``; when it
 ends, a marker (``compare.json``: the hash of its resolved scenario) is
@@ -65,9 +67,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +96,14 @@ from fedsim.core.config import (
 )
 from fedsim.core.protocol import AuditRecord
 from fedsim.engine.audit.verdict import victim_verdicts
-from fedsim.engine.checkpoint import open_resume
+from fedsim.engine.checkpoint import checkpointed_round, open_resume
+from fedsim.engine.lifecycle import (
+    INTERRUPTED_STATUS,
+    ChildRuns,
+    RaySession,
+    RunInterrupted,
+    reap_orphans,
+)
 from fedsim.engine.results import (
     AUDIT_FILE,
     CHECKPOINT_DIR,
@@ -298,10 +308,23 @@ def scenario_hash(scenario: Scenario) -> str:
     return hashlib.sha256(tomli_w.dumps(scenario_to_dict(scenario)).encode()).hexdigest()[:16]
 
 
+def check_machines(configs: list[Configuration]) -> None:
+    """Every configuration can run on this machine (data present, GPUs there), as
+    ``fedsim run`` checks it; a dry run and a sweep refuse the same ones."""
+    for config in configs:
+        try:
+            check_machine(config.scenario)
+        except ScenarioError as err:
+            raise ScenarioError(f"[{config.label}] {err.key}", err.value, err.allowed) from None
+
+
 def is_finished(config: Configuration, run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a completed run of exactly ``config``'s scenario."""
+    """Whether ``run_dir`` holds a completed run of exactly ``config``'s scenario
+    with the outputs the table reads (a run missing one is done again)."""
     marker = run_dir / MARKER
     if run_dir.is_symlink() or marker.is_symlink() or not marker.is_file():
+        return False
+    if not (run_dir / METRICS_FILE).is_file():
         return False
     try:
         record = json.loads(marker.read_text())
@@ -357,18 +380,29 @@ def run_in_process(scenario: Scenario, run_dir: Path, console: Console, resume: 
         run_scenario(scenario, run_dir, console)
 
 
-def run_in_subprocess(scenario: Scenario, run_dir: Path, console: Console, resume: bool) -> None:
-    """One run as ``fedsim run`` in its own process; its output goes to ``<run_dir>.log``."""
-    command = [sys.executable, "-m", "fedsim.cli", "run"]
-    if resume:
-        command += ["--resume", str(run_dir)]
-    else:
-        scenario_file = run_dir.with_suffix(".toml")
-        scenario_file.write_text(tomli_w.dumps(scenario_to_dict(scenario)))
-        command += [str(scenario_file), "--out", str(run_dir)]
-    with run_dir.with_suffix(".log").open("a" if resume else "w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
-    console.print(f"finished {run_dir} (log: {run_dir.with_suffix('.log')})")
+@dataclass
+class SubprocessRuns:
+    """Runs each configuration as ``fedsim run`` in its own process (a :class:`RunFn`);
+    its output goes to ``<run_dir>.log``. A run stopped by a signal raises
+    :class:`RunInterrupted`, one that failed ``CalledProcessError``."""
+
+    children: ChildRuns = field(default_factory=ChildRuns)
+
+    def __call__(self, scenario: Scenario, run_dir: Path, console: Console, resume: bool) -> None:
+        command = [sys.executable, "-m", "fedsim.cli", "run"]
+        if resume:
+            command += ["--resume", str(run_dir)]
+        else:
+            scenario_file = run_dir.with_suffix(".toml")
+            scenario_file.write_text(tomli_w.dumps(scenario_to_dict(scenario)))
+            command += [str(scenario_file), "--out", str(run_dir)]
+        with run_dir.with_suffix(".log").open("a" if resume else "w") as log:
+            status = self.children.run(command, log)
+        if status in (INTERRUPTED_STATUS, -signal.SIGTERM, -signal.SIGINT):
+            raise RunInterrupted("signal", run_dir, checkpointed_round(run_dir) or 0)
+        if status:
+            raise subprocess.CalledProcessError(status, command)
+        console.print(f"finished {run_dir} (log: {run_dir.with_suffix('.log')})")
 
 
 @dataclass
@@ -396,12 +430,10 @@ def run_sweep(
     the others go on.
     """
     console = console or Console(soft_wrap=True)
-    for config in configs:  # before anything runs: data present, GPUs there
-        try:
-            check_machine(config.scenario)
-        except ScenarioError as err:
-            raise ScenarioError(f"[{config.label}] {err.key}", err.value, err.allowed) from None
-    run = run or (run_in_process if spec.parallel == 1 else run_in_subprocess)
+    check_machines(configs)
+    # A killed sweep's child runs hold their folders' locks: end them before looking.
+    reap_orphans()
+    run = run or (run_in_process if spec.parallel == 1 else SubprocessRuns())
     runs = out / RUNS_DIR
     todo, skipped, resumed = [], [], set()
     for config in configs:
@@ -439,14 +471,34 @@ def run_sweep(
         for config in todo:
             one(config)
     else:
-        with ThreadPoolExecutor(spec.parallel) as pool:
-            list(pool.map(one, todo))
+        run_parallel(one, todo, spec.parallel, run)
     done = [c for c in configs if is_finished(c, runs / c.path)]
     results = collect_results(done, runs, spec.accuracy, spec.success_psnr)
     table = summarise(results, collect_attacks(done, runs), spec.success_psnr)
     write_outputs(spec, results, table, failed, out)
     ran = [c for c in todo if str(c.path) not in failed]
     return SweepOutcome(out, ran, skipped, failed, results, table)
+
+
+def run_parallel(
+    one: Callable[[Configuration], None], todo: list[Configuration], parallel: int, run: RunFn
+) -> None:
+    """``one`` for each configuration, ``parallel`` at a time.
+
+    The sweep's session file lists its child runs (and their Ray) for the next
+    run to reap if this process is killed. On Ctrl-C, each running child is
+    asked to stop at its round end, once, and waited for; queued ones never start.
+    """
+    children = run.children if isinstance(run, SubprocessRuns) else ChildRuns()
+    pool = ThreadPoolExecutor(parallel)
+    with RaySession(scan=children.processes).watching():
+        try:
+            list(pool.map(one, todo))
+        except KeyboardInterrupt:
+            children.interrupt()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _finite_mean(values: pd.Series) -> float:

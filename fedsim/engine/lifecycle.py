@@ -1,34 +1,52 @@
 """A run's life cycle outside the rounds: stopping on a signal, and Ray processes reaped.
 
-**Stopping.** The first SIGINT or SIGTERM asks the run to stop: the round loop
-stops at the next round end, after that round's outputs and checkpoint are
-written (:class:`StopGuard`'s two callbacks bracket the writing). If no round
-ends within ``grace`` seconds (or at a second signal), the run is stopped at
-once, but never while a round's outputs are being written: everything up to
-the last checkpoint is kept, and ``fedsim run --resume`` continues from it.
+**Stopping.** While the rounds run, the first SIGINT or SIGTERM asks the run
+to stop: the round loop stops at the next round end, after that round's
+outputs and checkpoint are written (:class:`StopGuard`'s two callbacks bracket
+the writing). If no round ends within ``grace`` seconds (or at a second
+signal), the run is stopped at once, but never while a round's outputs are
+being written: everything up to the last checkpoint is kept, and ``fedsim run
+--resume`` continues from it. Before the rounds (Ray starting) and after them
+(final model, summary) a signal stops the run at once, with the same one-line
+:class:`RunInterrupted`: nothing there needs a round end.
 
 **Ray processes.** A run records the processes its driver started (Ray's GCS,
 raylet, workers: the driver's descendants, read from ``/proc``) in a session
 file under the temporary folder while it runs, and kills what is left when it
-ends. A driver killed with SIGKILL cannot; the next run (or ``--resume``)
-reaps the sessions whose driver is gone (:func:`reap_orphans`). A process is
-killed only if its PID still has the start time recorded (PIDs are reused).
+ends. A driver killed with SIGKILL cannot; the next run (or ``--resume``, or
+``fedsim compare``) reaps the sessions whose driver is gone
+(:func:`reap_orphans`) and waits until they are: nothing of the killed run is
+left once the next one starts. A process is killed only if its PID still has
+the start time recorded (PIDs are reused); a driver that led its process group
+also has the rest of its group killed (processes it started in its last
+second, before a scan recorded them), as the kernel gives no new process the
+group's number while a member lives.
+
+**Child runs.** A parallel ``fedsim compare`` starts each run as ``fedsim run``
+in its own session (:class:`ChildRuns`): a Ctrl-C reaches a child once, from
+the driver, not twice (the second would force its stop). A child ends with
+its driver: it asks the kernel for SIGTERM when the driver dies
+(:func:`end_with_parent`), and the driver's session file lists the children
+for the next run to reap.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the command line imports this module: keep Flower out of its start-up
     from flwr.app import ArrayRecord
@@ -39,22 +57,28 @@ INTERRUPTED_STATUS = 130  # the shell's status for a run stopped by SIGINT
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SESSION_DIR = Path(tempfile.gettempdir()) / f"fedsim-sessions-{os.getuid()}"
 RECORD_EVERY = 1.0  # seconds between scans of the driver's descendants
+REAP_TIMEOUT = 10.0  # seconds to wait for killed orphans to end (measured: well under 1)
+PARENT_ENV = "FEDSIM_END_WITH_PARENT"  # a sweep's pid, in the environment of its child runs
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class RunInterrupted(KeyboardInterrupt):
     """The run stopped on a signal; completed rounds are checkpointed.
 
     A ``KeyboardInterrupt``: code that carries on after an ``Exception`` (a
-    sweep going on to its next run) stops too.
+    sweep going on to its next run) stops too. ``run_dir`` is None when the
+    signal came before the run folder was made.
     """
 
-    def __init__(self, signal_name: str, run_dir: Path, last_round: int) -> None:
+    def __init__(self, signal_name: str, run_dir: Path | None, last_round: int) -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
         self.run_dir = run_dir
         self.last_round = last_round
 
     def __str__(self) -> str:
+        if self.run_dir is None:
+            return f"interrupted ({self.signal_name}) while starting; nothing written: run again"
         if not self.last_round:
             return (
                 f"interrupted ({self.signal_name}) before the first round ended; nothing to "
@@ -74,10 +98,11 @@ class StopGuard:
     """Turns SIGINT/SIGTERM into a stop at a safe point (see the module docstring).
 
     :attr:`begin_outputs` must be the round's first callback that writes a
-    file and :attr:`end_outputs` its last one.
+    file and :attr:`end_outputs` its last one. ``run_dir`` is set once the run
+    folder exists.
     """
 
-    run_dir: Path
+    run_dir: Path | None = None
     grace: float = 5.0
     on_force: Callable[[], object] = lambda: None  # cleans up before a forced exit
     stop: threading.Event = field(default_factory=threading.Event)
@@ -85,7 +110,9 @@ class StopGuard:
     last_round: int = 0
     _writing: threading.Lock = field(default_factory=threading.Lock)
     _watchdog: threading.Thread | None = None
-    _left: threading.Event = field(default_factory=threading.Event)  # the guarded block ended
+    _left: threading.Event = field(default_factory=threading.Event)  # the rounds ended
+    _in_rounds: bool = False
+    _installed: bool = False  # the handlers are this guard's (main thread only)
 
     @contextmanager
     def installed(self) -> Iterator[StopGuard]:
@@ -94,12 +121,31 @@ class StopGuard:
             yield self
             return
         previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        self._installed = True
         try:
             yield self
         finally:
+            self._installed = False
             self._left.set()  # the run ended on its own: no forced exit after the grace
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def reclaim(self) -> None:
+        """Take the stop signals back: ``ray.init`` installs a SIGTERM handler of its own
+        in the driver (it logs and lets the run go on)."""
+        if self._installed:
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._handle)
+
+    @contextmanager
+    def rounds(self) -> Iterator[None]:
+        """Inside, a signal stops the run at the next round end; outside, at once."""
+        self._in_rounds = True
+        try:
+            yield
+        finally:
+            self._in_rounds = False
+            self._left.set()  # no round end left to wait for: no forced exit after the grace
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.stop.is_set():  # a second signal: stop now
@@ -107,6 +153,8 @@ class StopGuard:
             return
         self.signal_name = signal.Signals(signum).name
         self.stop.set()
+        if not self._in_rounds:  # raised in the main thread, where it was interrupted
+            raise self.interrupted()
         print(
             f"fedsim: {self.signal_name} received; stopping at the end of this round "
             f"(at most {self.grace:g}s; signal again to stop now)",
@@ -161,17 +209,35 @@ class _EndOutputs:
 # -- Ray processes ---------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """``(parent pid, start time)`` of ``pid`` from ``/proc``; None if it is gone
-    (or a zombie: dead, waiting for its parent to collect its status)."""
+def _fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after ``pid (comm)``: state, ppid, pgrp, ...; None if ``pid``
+    is gone (or a zombie: dead, waiting for its parent to collect its status)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), int(fields[19])
+    fields = text[text.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else fields
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(parent pid, start time)`` of ``pid``; None if it is gone (see :func:`_fields`)."""
+    fields = _fields(pid)
+    return None if fields is None else (int(fields[1]), int(fields[19]))
+
+
+def _live_pids() -> Iterator[int]:
+    return (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+
+
+def group_members(pgid: int) -> dict[int, int]:
+    """Every live process in process group ``pgid``: pid -> start time."""
+    members = {}
+    for pid in _live_pids():
+        fields = _fields(pid)
+        if fields is not None and int(fields[2]) == pgid:
+            members[pid] = int(fields[19])
+    return members
 
 
 def _is_ray(pid: int) -> bool:
@@ -190,10 +256,10 @@ def descendants(root: int) -> dict[int, int]:
     """Every live descendant of ``root``: pid -> start time (Linux ``/proc``)."""
     children: dict[int, list[int]] = {}
     started: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            children.setdefault(stat[0], []).append(int(entry.name))
-            started[int(entry.name)] = stat[1]
+    for pid in _live_pids():
+        if (stat := _stat(pid)) is not None:
+            children.setdefault(stat[0], []).append(pid)
+            started[pid] = stat[1]
     found: dict[int, int] = {}
     todo = list(children.get(root, []))
     while todo:
@@ -204,16 +270,35 @@ def descendants(root: int) -> dict[int, int]:
     return found
 
 
-def _kill_recorded(processes: dict[int, int]) -> list[int]:
+def _alive(processes: dict[int, int]) -> dict[int, int]:
+    """The processes still running with their recorded start time."""
+    return {
+        pid: start
+        for pid, start in processes.items()
+        if (stat := _stat(pid)) is not None and stat[1] == start
+    }
+
+
+def _kill_recorded(processes: dict[int, int]) -> dict[int, int]:
     """SIGKILL each recorded process still alive with its recorded start time."""
-    killed = []
-    for pid, start in processes.items():
-        stat = _stat(pid)
-        if stat is not None and stat[1] == start:
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+    killed = {}
+    for pid, start in _alive(processes).items():
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed[pid] = start
     return killed
+
+
+def wait_gone(processes: dict[int, int], timeout: float) -> dict[int, int]:
+    """Wait up to ``timeout`` s for ``processes`` to end; those still running.
+
+    SIGKILL takes effect asynchronously: a killed process may hold its files
+    (a run folder's lock) for a moment.
+    """
+    deadline = time.monotonic() + timeout
+    while (alive := _alive(processes)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
 
 
 @dataclass
@@ -221,10 +306,13 @@ class RaySession:
     """Records the driver's Ray processes while a run lasts; kills the rest at the end.
 
     ``run_dir`` is set once the run folder exists (Ray starts before it: a
-    refused resource split leaves no folder behind).
+    refused resource split leaves no folder behind). ``scan`` finds what to
+    record below the driver: Ray's processes (a run), or a parallel sweep's
+    child runs and theirs (:meth:`ChildRuns.processes`).
     """
 
     run_dir: Path | None = None
+    scan: Callable[[int], dict[int, int]] = ray_descendants
     path: Path = field(init=False)
     processes: dict[int, int] = field(default_factory=dict)
     _done: threading.Event = field(default_factory=threading.Event)
@@ -237,12 +325,13 @@ class RaySession:
 
     def record(self) -> None:
         """Add the driver's current descendants to the session file."""
-        now = ray_descendants(os.getpid())
+        now = self.scan(os.getpid())
         if now.items() - self.processes.items():
             self.processes.update(now)
             driver = _stat(os.getpid())
             record = {
                 "driver": [os.getpid(), driver[1] if driver else 0],
+                "group-leader": os.getpgrp() == os.getpid(),
                 "run-dir": str(self.run_dir or ""),
                 "processes": {str(pid): start for pid, start in self.processes.items()},
             }
@@ -255,7 +344,7 @@ class RaySession:
         while not self._done.wait(RECORD_EVERY):
             self.record()
 
-    def kill_remaining(self) -> list[int]:
+    def kill_remaining(self) -> dict[int, int]:
         """Kill every recorded process still alive (the run is over or forced to stop)."""
         self._done.set()
         self.record()
@@ -274,22 +363,104 @@ class RaySession:
             self.kill_remaining()
 
 
-def reap_orphans() -> list[int]:
-    """Kill the processes of earlier runs whose driver is gone (e.g. killed with SIGKILL)."""
-    killed: list[int] = []
-    if not SESSION_DIR.is_dir():
-        return killed
-    for path in SESSION_DIR.glob("driver-*.json"):
-        try:
-            record: dict[str, Any] = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        driver_pid, driver_start = record["driver"]
-        alive = _stat(driver_pid)
-        if alive is not None and alive[1] == driver_start:
-            continue  # a run still going
-        processes = {int(pid): start for pid, start in record["processes"].items()}
-        killed += _kill_recorded(processes)
-        with suppress(FileNotFoundError):
-            path.unlink()
+def _orphans(record: dict[str, Any]) -> dict[int, int] | None:
+    """What a session file's dead driver left (recorded processes, and its process
+    group if it led one); None while the driver runs."""
+    driver_pid, driver_start = record["driver"]
+    alive = _stat(driver_pid)
+    if alive is not None and alive[1] == driver_start:
+        return None  # a run still going
+    processes = {int(pid): start for pid, start in record["processes"].items()}
+    # A group's number is never given to a new process while a member lives: with
+    # no process of that pid, the group's members are the driver's.
+    if record.get("group-leader") and alive is None:
+        processes.update(group_members(driver_pid))
+        processes.pop(os.getpid(), None)  # never this process, should it have joined that group
+    return processes
+
+
+def reap_orphans(timeout: float = REAP_TIMEOUT) -> dict[int, int]:
+    """Kill the processes of earlier runs whose driver is gone (e.g. killed with SIGKILL),
+    and wait up to ``timeout`` s until they are.
+
+    Repeated until a pass finds nothing: a killed sweep's child runs are drivers
+    too, and their own sessions are orphans once they are killed.
+    """
+    killed: dict[int, int] = {}
+    while SESSION_DIR.is_dir():
+        found: dict[int, int] = {}
+        for path in SESSION_DIR.glob("driver-*.json"):
+            try:
+                processes = _orphans(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):  # half-written or foreign
+                continue
+            if processes is None:
+                continue
+            found.update(_kill_recorded(processes))
+            with suppress(FileNotFoundError):
+                path.unlink()
+        wait_gone(found, timeout)
+        if not found:
+            break
+        killed.update(found)
     return killed
+
+
+def end_with_parent() -> None:
+    """In a child run of a sweep (:class:`ChildRuns`), ask for SIGTERM when the sweep dies.
+
+    The kernel sends it when the thread that started this process ends; the
+    sweep's thread waits for its child, so that is when the sweep itself dies.
+    SIGTERM stops the run as Ctrl-C does (see :class:`StopGuard`).
+    """
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):  # the sweep died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@dataclass
+class ChildRuns:
+    """Commands a sweep runs in processes of their own (see the module docstring)."""
+
+    _running: set[subprocess.Popen[bytes]] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _interrupted: bool = False
+
+    def run(self, command: list[str], log: IO[Any]) -> int:
+        """Run ``command`` with its output in ``log``; its exit status
+        (:data:`INTERRUPTED_STATUS` without starting it once :meth:`interrupt` was called)."""
+        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        with self._lock:  # no child may start between an interrupt and its signals
+            if self._interrupted:
+                return INTERRUPTED_STATUS
+            child = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            self._running.add(child)
+        try:
+            return child.wait()
+        finally:
+            with self._lock:
+                self._running.discard(child)
+
+    def processes(self, driver: int) -> dict[int, int]:
+        """The running children and their descendants (a :class:`RaySession` scan)."""
+        with self._lock:
+            pids = [child.pid for child in self._running]
+        found: dict[int, int] = {}
+        for pid in pids:
+            if (stat := _stat(pid)) is not None:
+                found[pid] = stat[1]
+                found.update(descendants(pid))
+        return found
+
+    def interrupt(self) -> None:
+        """SIGINT to every running child (each stops at its next round end); start no more."""
+        with self._lock:
+            self._interrupted = True
+            for child in self._running:
+                with suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGINT)

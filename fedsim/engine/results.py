@@ -374,7 +374,10 @@ class RunRecorder:
 
 
 def save_model(arrays: ArrayRecord, run_dir: Path) -> None:
-    torch.save(arrays.to_torch_state_dict(), run_dir / MODEL_FILE)
+    # Whole or absent: a run stopped mid-write must still resume (model.pt marks it finished).
+    tmp = run_dir / f"{MODEL_FILE}.tmp"
+    torch.save(arrays.to_torch_state_dict(), tmp)
+    os.replace(tmp, run_dir / MODEL_FILE)
 
 
 def accuracy_line(last: dict[str, Any], best: float) -> str:

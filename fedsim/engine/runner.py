@@ -196,8 +196,35 @@ def run_scenario(
     With ``resume`` (from :func:`fedsim.engine.checkpoint.open_resume`) the run
     continues in the checkpoint's run directory after its last round. An
     ``out`` folder holding files is refused unless ``force`` (which clears the
-    run files in it).
+    run files in it). SIGINT or SIGTERM at any point raises
+    :class:`~fedsim.engine.lifecycle.RunInterrupted` (see :class:`StopGuard`).
     """
+    session = RaySession()
+    guard = StopGuard(resume.run_dir if resume is not None else None)
+    guard.on_force = session.kill_remaining
+    guard.last_round = resume.round if resume is not None else 0
+    with guard.installed():
+        try:
+            return _run(scenario, out, console, callbacks, resume, force, session, guard)
+        except RunInterrupted:
+            raise
+        except BaseException as err:
+            if guard.stop.is_set():  # whatever broke after a stop signal is the stop
+                raise guard.interrupted() from err
+            raise
+
+
+def _run(
+    scenario: Scenario,
+    out: str | Path | None,
+    console: Console | None,
+    callbacks: tuple[RoundCallback, ...],
+    resume: Checkpoint | None,
+    force: bool,
+    session: RaySession,
+    guard: StopGuard,
+) -> RunResult:
+    """:func:`run_scenario` under its ``guard``."""
     from flwr.simulation import run_simulation
 
     validate(scenario)
@@ -209,21 +236,19 @@ def run_scenario(
     quiet_flower(HideInjectedFailures())
     phases = Phases(console)
     phases("starting Ray")
-    session = RaySession()
     with session.watching():
         # Before any work: a split that cannot fit is refused here (for a cluster,
         # right after connecting to it), before the run folder exists.
         plan = start_ray(scenario)
+        guard.reclaim()
         try:
             if resume is None:
                 run_dir = new_run_dir(scenario, out, force)
                 write_scenario(scenario, run_dir)
             else:
                 run_dir = resume.run_dir
-            session.run_dir = run_dir
+            session.run_dir = guard.run_dir = run_dir
             recorder = RunRecorder(run_dir, fed.rounds, console)
-            guard = StopGuard(run_dir, on_force=session.kill_remaining)
-            guard.last_round = resume.round if resume is not None else 0
             outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
 
             server_app = ServerApp()
@@ -253,19 +278,13 @@ def run_scenario(
             plan.write(run_dir)
             reserve_audit(plan, scenario.backend.wait_timeout)
             phases(f"starting {min(plan.actors, fed.num_clients)} client actor(s)")
-            with guard.installed():
-                try:
-                    with waiting_nodes_polling(), actor_pool_size(plan.actors):
-                        run_simulation(
-                            server_app=server_app,
-                            client_app=client_app,
-                            num_supernodes=fed.num_clients,
-                            backend_config=backend_config(scenario),
-                        )
-                except BaseException as err:
-                    if guard.stop.is_set():  # whatever broke after a stop signal is the stop
-                        raise guard.interrupted() from err
-                    raise
+            with guard.rounds(), waiting_nodes_polling(), actor_pool_size(plan.actors):
+                run_simulation(
+                    server_app=server_app,
+                    client_app=client_app,
+                    num_supernodes=fed.num_clients,
+                    backend_config=backend_config(scenario),
+                )
         finally:
             stop_ray()
     if outcome.empty():

@@ -1,0 +1,57 @@
+"""Real ``fedsim`` processes for the signal tests: started in a session of their own, as
+a shell starts a job (a Ctrl-C is a SIGINT to the process group), and what they leave
+counted by session, so that a process that left its group or was never recorded counts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fedsim(*args: str) -> subprocess.Popen[str]:
+    """``fedsim ARGS`` in a new session on this machine; its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedsim.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def in_session(sid: int) -> dict[int, bytes]:
+    """Every live process of session ``sid``: pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            text = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, NotADirectoryError):
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
+            found[int(entry.name)] = command
+    return found
+
+
+def left(sid: int, wait: float) -> dict[int, bytes]:
+    """What session ``sid`` still runs after up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while (alive := in_session(sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def wait_for_ray_start(process: subprocess.Popen[str]) -> None:
+    """Until ``process`` is starting Ray (its GCS is up; the raylet may not be)."""
+    deadline = time.monotonic() + 300
+    while not any(b"gcs_server" in cmd for cmd in in_session(process.pid).values()):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "Ray did not start in 300 s"
+        time.sleep(0.05)
