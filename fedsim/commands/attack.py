@@ -152,11 +152,14 @@ def _print(outcome: Any, out: Path) -> None:
         "",
         f"{median['seconds']:.1f}",
     )
-    params = exp.attack_params()
+    recs = outcome.reconstructions
+    converged = sum(r.converged for r in recs)
     console = Console()
     console.print(table)
     console.print(
-        f"restarts {params.restarts}, steps {params.step_count}; PSNR peak 1 on [0, 1] pixels. "
+        f"restarts {recs[0].restarts}, steps {recs[0].iterations} "
+        f"(taken: at most {max(r.steps_taken for r in recs)}; converged {converged} of "
+        f"{len(recs)}); PSNR peak 1 on [0, 1] pixels. "
         f"Wrote {out / RESULTS_FILE}, {out / GRID_FILE}, {out / SETTINGS_FILE}"
     )
 
