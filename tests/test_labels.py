@@ -7,7 +7,13 @@ import dataclasses
 import pytest
 import torch
 
-from fedsim.attacks.labels import count_labels, idlg_label, infer_labels, label_method
+from fedsim.attacks.labels import (
+    count_labels,
+    idlg_label,
+    infer_labels,
+    label_method,
+    last_layer_gradient,
+)
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import label_accuracy
@@ -115,3 +121,42 @@ def test_no_last_layer_no_labels() -> None:
 
     with pytest.raises(ValueError, match="did not receive"):
         infer_labels(blind, CPU)
+
+
+def _hundred_classes(data: DatasetBundle) -> DatasetBundle:
+    # Digit d becomes one of ten distinct classes of 100, drawn by a seeded
+    # permutation, as bench/label_counts.py builds CIFAR-100-shaped outputs.
+    classes = torch.randperm(100, generator=torch.Generator().manual_seed(0))[:10]
+    return dataclasses.replace(data, test_labels=classes[data.test_labels], num_classes=100)
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+@pytest.mark.parametrize("model", ["lenet5-split", "lenet-zhu"])
+def test_counting_is_exact_at_batch_128_untrained(model: str, num_classes: int) -> None:
+    # Measured by bench/label_counts.py: 1.000 in every untrained cell, batch
+    # 64 to 512 (its trained rows fall to 0.26-0.50; see docs/analytic-attacks.md).
+    data = load_dataset(DataConfig(dataset="mnist-embedded", image_size=32, normalize=True))
+    if num_classes == 100:
+        data = _hundred_classes(data)
+    idx = torch.randperm(len(data.test_images), generator=torch.Generator().manual_seed(1))[:128]
+
+    probe = _probe(data, idx, init="default", model=model)
+    found = infer_labels(probe.observation, CPU)
+
+    assert len(found) == 128
+    assert label_accuracy(found, probe.truth.labels) >= 0.98
+
+
+def test_last_layer_gradient_has_rank_below_the_class_count() -> None:
+    # dL/dW = (P - Y)^T H / B and each row of P - Y sums to zero: the rank is
+    # at most K - 1 whatever the batch, so no instance-wise reading of it can
+    # separate more than K - 1 examples (measured: 9 at K = 10, batch 256).
+    data = load_dataset(DataConfig(dataset="mnist-embedded", image_size=32, normalize=True))
+    idx = torch.randperm(len(data.test_images), generator=torch.Generator().manual_seed(2))[:256]
+
+    weight, _ = last_layer_gradient(_probe(data, idx, init="default").observation, CPU)
+    singular = torch.linalg.svdvals(weight.double())
+
+    assert weight.shape[0] == 10
+    assert float(singular[-1] / singular[0]) < 1e-5
+    assert float(singular[-2] / singular[0]) > 1e-4
