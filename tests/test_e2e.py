@@ -69,8 +69,8 @@ def test_the_readme_main_job_trains_and_audits_every_round(tmp_path: Path) -> No
     """``make demo``'s scenario as shipped, its first 2 of 5 rounds: FedAvg learns, and
     every round each client's probed gradient is inverted by the attack portfolio; round 1's
     verdict shows the digit."""
-    # Two rounds, not five: the portfolio audits 4 clients a round (about 80 s a round on
-    # two cores), and rounds 3-5 add nothing this test checks.
+    # Two rounds, not five: the portfolio audits 2 clients a round (about 50 s a round on
+    # two quiet cores), and rounds 3-5 add nothing this test checks.
     run = tmp_path / "demo"
     quickstart = Path(__file__).parents[1] / "scenarios" / "quickstart.toml"
     run_scenario(load_scenario(quickstart, ["federation.rounds=2"]), run)
