@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
+from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.config import ScenarioError, scenario_from_dict
-from fedsim.engine.experiment import AttackExperiment, run_attack_experiment
-from fedsim.engine.runner import run_scenario
-from fedsim.engine.validate import check_components
+from fedsim.scenario.validate import check_components
+from fedsim.simulation.runner import run_scenario
 
 EXACT_DB = 40.0
 
@@ -87,7 +87,7 @@ def applies(case: Case) -> str:
 def attack_row(case: Case, victims: int) -> dict[str, Any]:
     """One table row: applicability, then (where it applies) times and scores.
 
-    The victims are ``fedsim attack``'s (:func:`~fedsim.engine.experiment.run_attack_experiment`):
+    The victims are ``fedsim attack``'s (:func:`~fedsim.audit.experiment.run_attack_experiment`):
     seeded digits, one fresh model per batch, a one-step SGD update each. Seconds are
     each reconstruction's own; the median keeps the process's first (warm-up) call out.
     """

@@ -1,6 +1,6 @@
 """The attack table: {uniform, Xavier normal} x {DLG, SAPAG} x {MNIST, CIFAR-100} at batch 1.
 
-Each cell is one :class:`fedsim.engine.experiment.AttackExperiment` (what
+Each cell is one :class:`fedsim.audit.experiment.AttackExperiment` (what
 ``fedsim attack`` runs, so its probes, fresh victims and scoring are the ones
 measured): LeNet-Zhu, ``--images``
 real images picked by ``--seed``, a fresh model per image, the attacks'
@@ -24,12 +24,12 @@ import statistics
 import time
 from pathlib import Path
 
-from fedsim.core.config import apply_overrides
-from fedsim.engine.experiment import (
+from fedsim.audit.experiment import (
     AttackExperiment,
     run_attack_experiment,
     write_attack_outputs,
 )
+from fedsim.core.config import apply_overrides
 
 DATASETS = {"MNIST": "mnist-embedded", "CIFAR-100": "cifar100-samples"}
 INITS = {"uniform": "uniform", "Xavier normal": "xavier-normal"}

@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from fedsim.engine.experiment import AttackExperiment, run_attack_experiment
+from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 
 FAMILIES = {
     "lenet5-split": ("mnist-embedded", "default"),

@@ -5,7 +5,7 @@ For each model (``--models``), batch size (``--batches``) and state
 rounds, the ``model.pt`` of ``fedsim run quickstart --set model.name=M --set
 audit.enabled=false``, trained once and kept under ``--out``), the portfolio
 that ``audit.attacks = "auto"`` resolves for a FedAvg probe at that batch size
-(:func:`fedsim.engine.audit.portfolio.resolve_attacks`, its budgets and early
+(:func:`fedsim.scenario.portfolio.resolve_attacks`, its budgets and early
 stopping) attacks the same ``--victims`` batches of unseen embedded MNIST
 digits. Per cell and attack: median PSNR / SSIM / label accuracy over the
 victims, seconds per victim (one thread) and the converged share; and the
@@ -30,10 +30,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.config import load_scenario
-from fedsim.engine.audit.portfolio import resolve_attacks
-from fedsim.engine.experiment import AttackExperiment, run_attack_experiment
-from fedsim.engine.results import MODEL_FILE
+from fedsim.outputs.results import MODEL_FILE
+from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.attacks.base import Observation, create_attack
+from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec, SplitNet, build_model
-from fedsim.engine.experiment import gradient_probe
 
 MODEL = ModelConfig("lenet-zhu", "uniform")
 

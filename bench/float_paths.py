@@ -2,7 +2,7 @@
 
 The same victims (``--images`` unseen embedded MNIST digits, FedCG's LeNet-5 at
 PyTorch's default init, the probe at batch 1) are attacked by the portfolio's
-optimisation attacks at their budgets (``fedsim.engine.audit.portfolio``), once
+optimisation attacks at their budgets (``fedsim.scenario.portfolio``), once
 in float32 and once in float64 (``audit.precision``). Per victim the verdict is
 the best PSNR over the attacks. Printed: each victim's two verdicts and their
 difference; the median absolute difference; and, reading the victims as one
@@ -20,10 +20,10 @@ import argparse
 import os
 import statistics
 
+from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.config import scenario_from_dict
 from fedsim.core.metrics import median_interval
-from fedsim.engine.audit.portfolio import budget
-from fedsim.engine.experiment import AttackExperiment, run_attack_experiment
+from fedsim.scenario.portfolio import budget
 
 ATTACKS = ("inverting-gradients", "dlg", "sapag")
 SEED = 202  # images the tests do not draw

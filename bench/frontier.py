@@ -1,6 +1,6 @@
 """The batch-size frontier: where each attack stops recovering images as batches grow.
 
-Each cell is one :class:`fedsim.engine.experiment.AttackExperiment` (what
+Each cell is one :class:`fedsim.audit.experiment.AttackExperiment` (what
 ``fedsim attack`` runs: real images picked by ``--seed``, a fresh victim per
 batch, the gradient probe the server would see, scoring against the truth):
 an attack x a model x a data set x a batch size, ``--victims`` batches per
@@ -37,10 +37,10 @@ import matplotlib.pyplot as plt
 import torch
 
 from fedsim.attacks.labels import infer_labels
+from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.config import DataConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import label_accuracy
-from fedsim.engine.experiment import AttackExperiment, run_attack_experiment
 
 COLUMNS = (
     "attack",

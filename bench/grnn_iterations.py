@@ -24,10 +24,10 @@ import torch.nn.functional as F
 
 from fedsim.attacks.base import Observation
 from fedsim.attacks.grnn import GRNN, GrnnGenerator, total_variation
+from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec, SplitNet, build_model
-from fedsim.engine.experiment import gradient_probe
 
 MODEL = ModelConfig("lenet5-grnn", "uniform")
 

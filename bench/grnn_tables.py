@@ -35,11 +35,11 @@ from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack
 from fedsim.attacks.grnn import GRNN
 from fedsim.attacks.labels import infer_labels
+from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import label_accuracy, score_reconstruction
 from fedsim.core.models import InputSpec, build_model
-from fedsim.engine.experiment import Probe, gradient_probe
 
 MODEL = ModelConfig("lenet5-grnn", "uniform")
 DATASETS = ("mnist-samples", "cifar100-samples")

@@ -3,7 +3,7 @@
 Per cell: the median label accuracy (multiset overlap,
 :func:`~fedsim.core.metrics.label_accuracy`) over ``--trials`` seeded batches
 of real ``mnist-embedded`` test digits (32x32, normalised), read from the probe
-gradient (``dL/dtheta``, as :func:`~fedsim.engine.experiment.gradient_probe`
+gradient (``dL/dtheta``, as :func:`~fedsim.audit.experiment.gradient_probe`
 builds it). Two output sizes:
 
 - 10 classes: the digits' own labels.
@@ -36,11 +36,11 @@ import torch
 from torch import nn
 
 from fedsim.attacks.labels import infer_labels, last_layer_gradient
+from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import label_accuracy
 from fedsim.core.models import InputSpec, build_model
-from fedsim.engine.experiment import gradient_probe
 
 CPU = torch.device("cpu")
 BATCHES = (64, 128, 256, 512)

@@ -6,7 +6,7 @@ quickstart's data, model and local training (``fedsim.core.training.train_local`
 - ``torch``: one process, one thread, a Python loop over clients, FedAvg by hand;
 - ``flower``: a bare ``ClientApp`` + Flower's own ``FedAvg.start`` on
   ``run_simulation`` with the same backend (one CPU per client actor);
-- ``fedsim``: ``fedsim.engine.runner.run_scenario``.
+- ``fedsim``: ``fedsim.simulation.runner.run_scenario``.
 
 Each round does the same work: every client trains and evaluates, the server
 averages and evaluates the global model on the test set. A round's time is the
@@ -112,9 +112,9 @@ def run_flower() -> dict[str, Any]:
     from fedsim.core.partition import partition_dataset
     from fedsim.core.seeds import SeedStream, derive_seed
     from fedsim.core.training import evaluate, train_local
-    from fedsim.engine.failures import HideInjectedFailures
-    from fedsim.engine.flower import quiet_flower
-    from fedsim.engine.runner import backend_config
+    from fedsim.simulation.failures import HideInjectedFailures
+    from fedsim.simulation.flower import quiet_flower
+    from fedsim.simulation.runner import backend_config
 
     scenario = _scenario()
 
@@ -192,7 +192,7 @@ def run_fedsim(profile_to: Path | None = None) -> dict[str, Any]:
     """fedsim itself; with ``profile_to``, its server thread under cProfile."""
     from rich.console import Console
 
-    import fedsim.engine.runner as runner
+    import fedsim.simulation.runner as runner
 
     serve = runner.serve
     starts: list[float] = []
@@ -274,7 +274,7 @@ def profile_client() -> str:
     from fedsim.clients.app import build_client_app
     from fedsim.core.data import load_dataset
     from fedsim.core.training import client_config_record
-    from fedsim.engine.flower import message_context
+    from fedsim.simulation.flower import message_context
     from fedsim.strategies.base import ServerResources
 
     scenario = _scenario()

@@ -100,9 +100,9 @@ def child(num_clients: int, rounds: int, report: Path) -> None:
     import pandas as pd
     from rich.console import Console
 
-    import fedsim.engine.runner as runner
+    import fedsim.simulation.runner as runner
     from fedsim.core.config import load_scenario
-    from fedsim.engine.runner import run_scenario
+    from fedsim.simulation.runner import run_scenario
 
     timings: dict[str, float] = {}
     discover = runner.discover_partitions

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.engine.results import (
+from fedsim.outputs.results import (
     AUDIT_FILE,
     AUDIT_IMAGES,
     CHECKPOINT_DIR,
@@ -68,7 +68,7 @@ class Sample:
 
 def tree_rss(root: int) -> int:
     """Resident bytes of ``root`` and its descendants (see the module docstring)."""
-    from fedsim.engine.lifecycle import descendants
+    from fedsim.simulation.lifecycle import descendants
 
     total = 0
     for pid in (root, *descendants(root)):
@@ -143,7 +143,7 @@ def soak(
     from rich.console import Console
 
     from fedsim.core.config import load_scenario
-    from fedsim.engine.runner import run_scenario
+    from fedsim.simulation.runner import run_scenario
 
     overrides = [
         f"federation.num-clients={clients}",

@@ -2,7 +2,7 @@
 
 Nothing here goes through fedsim's scenario runner. The ServerApp builds the
 strategy as Flower's are built (``FedCG(distill_iterations=...)``), wraps it
-in :class:`~fedsim.engine.audit.wrapper.AuditedStrategy` and runs Flower's
+in :class:`~fedsim.audit.wrapper.AuditedStrategy` and runs Flower's
 own ``Strategy.start()``; sampling is Flower's. The ClientApp answers FedCG's
 message contract (:mod:`fedsim.strategies.fedcg`) with fedsim's FedCG client
 routine on one partition of the embedded MNIST digits. The audit has no truth
@@ -25,6 +25,9 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from rich.console import Console
 
+from fedsim.audit.auditor import Auditor
+from fedsim.audit.observe import ServerView
+from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
 from fedsim.core.config import AuditConfig, ComponentConfig, scenario_from_dict
@@ -33,9 +36,6 @@ from fedsim.core.gan import GanSplitNet, build_gan_split_net
 from fedsim.core.models import InputSpec
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import client_config_record
-from fedsim.engine.audit.auditor import Auditor
-from fedsim.engine.audit.observe import ServerView
-from fedsim.engine.audit.wrapper import AuditedStrategy
 from fedsim.strategies.fedcg import FedCG
 
 CLIENTS = 2

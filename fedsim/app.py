@@ -37,10 +37,8 @@ from rich.console import Console
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, require
-from fedsim.engine.flower import quiet_flower, simulated
-from fedsim.engine.report import write_run_report
-from fedsim.engine.resources import KEEP_IDLE_WORKERS
-from fedsim.engine.results import (
+from fedsim.outputs.report import write_run_report
+from fedsim.outputs.results import (
     CLIENT_STATE_DIR,
     RunRecorder,
     new_run_dir,
@@ -48,12 +46,13 @@ from fedsim.engine.results import (
     write_scenario,
     write_summary,
 )
-from fedsim.engine.runner import serve
-from fedsim.engine.validate import validate
+from fedsim.scenario.validate import validate
+from fedsim.simulation.flower import quiet_flower, simulated
+from fedsim.simulation.resources import KEEP_IDLE_WORKERS
+from fedsim.simulation.runner import serve
 from fedsim.strategies import STRATEGIES
 
 SHIPPED_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
-NUM_PARTITIONS = "num-partitions"  # Flower's node-config key, beside protocol.PARTITION_ID
 
 
 def scenario_path(name_or_path: str) -> Path:
@@ -149,10 +148,10 @@ def _client_for(context: Context) -> ClientApp:
             None,
             'start each SuperNode with --node-config "partition-id=I num-partitions=N"',
         )
-    partitions = context.node_config.get(NUM_PARTITIONS, expected)
+    partitions = context.node_config.get(protocol.NUM_PARTITIONS, expected)
     if int(partitions) != expected:
         raise ScenarioError(
-            f"node-config {NUM_PARTITIONS}",
+            f"node-config {protocol.NUM_PARTITIONS}",
             partitions,
             f"must equal the scenario's federation.num-clients ({expected})",
         )

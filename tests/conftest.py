@@ -30,7 +30,7 @@ def quick_scenario_table() -> dict[str, object]:
 @pytest.fixture
 def message_identity() -> Iterator[None]:
     """Lets a test build Flower ``Message`` objects outside a running simulation."""
-    from fedsim.engine.flower import message_context
+    from fedsim.simulation.flower import message_context
 
     with message_context():
         yield

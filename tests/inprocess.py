@@ -4,7 +4,7 @@
 to the real :func:`fedsim.clients.app.build_client_app` app with that node's own
 ``Context`` (so ``context.state`` persists across rounds, as in the
 simulation) and keeps every message the server sent and received. The rounds
-are driven by the engine's own :func:`fedsim.engine.loop.run_rounds`, so tests see
+are driven by the engine's own :func:`fedsim.simulation.loop.run_rounds`, so tests see
 exactly the messages a simulated server would, seconds faster than Ray.
 """
 
@@ -25,11 +25,12 @@ from fedsim.clients.private_state import STATE_KEY
 from fedsim.core import protocol
 from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
+from fedsim.core.protocol import RoundRecord
 from fedsim.core.training import client_config_record
-from fedsim.engine.discovery import discover_partitions
-from fedsim.engine.flower import message_context
-from fedsim.engine.loop import RoundRecord, run_rounds
-from fedsim.engine.runner import build_strategy
+from fedsim.simulation.discovery import discover_partitions
+from fedsim.simulation.flower import message_context
+from fedsim.simulation.loop import run_rounds
+from fedsim.simulation.runner import build_strategy
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler

@@ -11,6 +11,8 @@ import torch
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.analytic import AnalyticFC, AnalyticFCParams, read_linear_input
 from fedsim.attacks.base import Observation
+from fedsim.audit.experiment import gradient_probe
+from fedsim.audit.fidelity import MATCHED, fidelity_residual
 from fedsim.core.config import (
     ClientConfig,
     ComponentConfig,
@@ -25,9 +27,7 @@ from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import train_local
 from fedsim.core.truth import GroundTruth
-from fedsim.engine.audit.fidelity import MATCHED, fidelity_residual
-from fedsim.engine.experiment import gradient_probe
-from fedsim.engine.validate import check_components
+from fedsim.scenario.validate import check_components
 
 MNIST28 = load_dataset(DataConfig(image_size=28, normalize=True))
 MNIST32 = load_dataset(DataConfig(image_size=32, normalize=True))

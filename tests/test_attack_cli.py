@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
+from fedsim.audit.experiment import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
 from fedsim.cli import main
-from fedsim.engine.experiment import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
 
 
 def test_attack_command_writes_its_table_grid_and_settings(tmp_path: Path) -> None:
@@ -71,9 +71,9 @@ def test_bad_input_is_one_line_and_status_2(
 
 
 def test_weights_put_every_victim_at_a_runs_trained_model(tmp_path: Path) -> None:
+    from fedsim.audit.experiment import AttackExperiment, experiment_probes
     from fedsim.core.config import ModelConfig, ScenarioError
     from fedsim.core.models import InputSpec, build_model
-    from fedsim.engine.experiment import AttackExperiment, experiment_probes
 
     trained = build_model(ModelConfig("lenet5-split"), InputSpec(1, 32, 10), seed=7).state_dict()
     weights = tmp_path / "model.pt"

@@ -23,11 +23,11 @@ from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.gradients import target_gradient
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS
 from fedsim.attacks.sapag import SAPAGParams
+from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
 from fedsim.core.data import Normalization, load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
-from fedsim.engine.experiment import Probe, gradient_probe
 
 LENET = ModelConfig("lenet-zhu", "uniform")
 

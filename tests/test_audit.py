@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from fedsim.attacks.base import Observation
+from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.core.config import load_scenario
-from fedsim.engine.audit.auditor import AUDIT_FILE
-from fedsim.engine.results import MODEL_FILE
-from fedsim.engine.runner import run_scenario
+from fedsim.outputs.results import MODEL_FILE
+from fedsim.simulation.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 # Small DLG budget for the suite: 2 rounds, 2 sampled clients, 1 victim a round.
@@ -92,7 +92,7 @@ def test_attack_payload_holds_no_tensor_equal_to_the_truth(tmp_path: Path) -> No
     scenario = load_scenario(REPO / "scenarios" / "audit-fedavg.toml")
     cfg = client_config_from_record(client_config_record(scenario.client))
     truth = ClientReplay(scenario, "fedavg", None).update_batch(0, 1, cfg)
-    from fedsim.engine.audit.observe import observe_reply  # noqa: F401  (the only builder)
+    from fedsim.audit.observe import observe_reply  # noqa: F401  (the only builder)
 
     payload = pickle.dumps(_observation_for(scenario))
     tensors = pickle.loads(payload)
@@ -119,11 +119,11 @@ def _observation_for(scenario: object) -> Observation:
     """An update observation built exactly as the auditor does, from a real client step."""
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+    from fedsim.audit.observe import ServerView, observe_reply
     from fedsim.clients.base import ClientEnv
     from fedsim.clients.fedavg import FedAvgClient
     from fedsim.core.training import client_config_from_record, client_config_record
-    from fedsim.engine.audit.observe import ServerView, observe_reply
-    from fedsim.engine.flower import message_context
+    from fedsim.simulation.flower import message_context
 
     env = ClientEnv.create(scenario, 0, RecordDict())  # type: ignore[arg-type]
     sent = ArrayRecord(env.model().state_dict())

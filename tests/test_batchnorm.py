@@ -16,14 +16,14 @@ import torch
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation
 from fedsim.attacks.gradients import batchnorm_view, statistics_from_buffers
+from fedsim.audit.fidelity import fidelity_residual
+from fedsim.audit.observe import reveal_batch_statistics
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ComponentConfig, DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec, batch_statistics, build_model
 from fedsim.core.training import train_local
 from fedsim.core.truth import GroundTruth
-from fedsim.engine.audit.fidelity import fidelity_residual
-from fedsim.engine.audit.observe import reveal_batch_statistics
 
 BUNDLE = load_dataset(DataConfig(dataset="cifar100-samples", image_size=16))
 SPEC = InputSpec(3, 16, 100)

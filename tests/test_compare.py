@@ -11,10 +11,11 @@ import pytest
 import tomli_w
 from rich.console import Console
 
+from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.cli import main
 from fedsim.core.config import Scenario, ScenarioError
-from fedsim.engine.audit.auditor import AUDIT_FILE
-from fedsim.engine.compare import (
+from fedsim.outputs.results import METRICS_FILE
+from fedsim.sweeps.compare import (
     MARKER,
     PLOT_FILE,
     REPORT_FILE,
@@ -28,7 +29,6 @@ from fedsim.engine.compare import (
     run_results,
     run_sweep,
 )
-from fedsim.engine.results import METRICS_FILE
 
 BASE: dict[str, Any] = {
     "federation": {"num-clients": 2, "rounds": 2},

@@ -13,7 +13,7 @@ import tomli_w
 
 from fedsim.cli import main
 from fedsim.core.config import ScenarioError, apply_overrides, load_scenario, scenario_from_dict
-from fedsim.engine.validate import check_components, validate
+from fedsim.scenario.validate import check_components, validate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def test_shipped_scenarios_validate_without_data_or_gpus(monkeypatch: pytest.Mon
     import torch
 
     from fedsim.core import data
-    from fedsim.engine.compare import configurations, load_spec
+    from fedsim.sweeps.compare import configurations, load_spec
 
     def untouchable(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("validation reached the machine")

@@ -26,7 +26,7 @@ from fedsim.clients.replay import ClientReplay
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
 from fedsim.core.training import client_config_record
-from fedsim.engine.validate import validate
+from fedsim.scenario.validate import validate
 
 
 def _scenario(defences: list[dict[str, Any]], strategy: str = "fedavg", **tables: Any) -> Scenario:

@@ -9,7 +9,7 @@ from rich.console import Console
 from test_resume import assert_same_outcome, reference_run, scenario_file
 
 from fedsim.core.config import load_scenario
-from fedsim.engine.runner import run_scenario
+from fedsim.simulation.runner import run_scenario
 from fedsim.strategies.sampling import PartitionSampler
 
 

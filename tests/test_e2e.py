@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedsim.core.config import load_scenario, scenario_from_dict
-from fedsim.engine.results import (
+from fedsim.outputs.results import (
     AUDIT_FILE,
     CLIENTS_FILE,
     METRICS_FILE,
@@ -22,7 +22,7 @@ from fedsim.engine.results import (
     SUMMARY_FILE,
     VERDICT_FILE,
 )
-from fedsim.engine.runner import run_scenario
+from fedsim.simulation.runner import run_scenario
 
 
 @pytest.mark.slow

@@ -26,10 +26,10 @@ from fedsim.clients.failures import STRAGGLER_GRACE_S, InjectedFailure, inject_f
 from fedsim.core import protocol
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
-from fedsim.engine.failures import FailurePlan, mark
-from fedsim.engine.loop import Exchange
-from fedsim.engine.results import CLIENTS_FILE, METRICS_FILE
-from fedsim.engine.runner import run_scenario
+from fedsim.outputs.results import CLIENTS_FILE, METRICS_FILE
+from fedsim.simulation.failures import FailurePlan, mark
+from fedsim.simulation.loop import Exchange
+from fedsim.simulation.runner import run_scenario
 from fedsim.strategies.base import EngineServices, ServerResources, TooFewReplies
 from fedsim.strategies.fedavg import FedAvg
 from fedsim.strategies.sampling import PartitionSampler

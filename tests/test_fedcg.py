@@ -17,9 +17,9 @@ from fedsim.core import protocol
 from fedsim.core.config import ModelConfig, ScenarioError, scenario_from_dict
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, build_generator
 from fedsim.core.models import InputSpec
-from fedsim.engine.results import CLIENT_STATE_DIR, METRICS_FILE
-from fedsim.engine.runner import run_scenario
-from fedsim.engine.validate import check_components
+from fedsim.outputs.results import CLIENT_STATE_DIR, METRICS_FILE
+from fedsim.scenario.validate import check_components
+from fedsim.simulation.runner import run_scenario
 from fedsim.strategies.distillation import (
     Teacher,
     distill_if_better,

@@ -14,8 +14,8 @@ from fedsim.clients.fedsplit import FedSplitClient
 from fedsim.clients.private_state import STATE_KEY, load_private, state_file
 from fedsim.core.config import scenario_from_dict
 from fedsim.core.training import evaluate
-from fedsim.engine.results import CLIENT_STATE_DIR, CLIENTS_FILE, METRICS_FILE
-from fedsim.engine.runner import run_scenario
+from fedsim.outputs.results import CLIENT_STATE_DIR, CLIENTS_FILE, METRICS_FILE
+from fedsim.simulation.runner import run_scenario
 
 CLASSIFIER_KEYS = {
     f"classifier.{layer}.{kind}" for layer in (1, 3, 5) for kind in ("weight", "bias")

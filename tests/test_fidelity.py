@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from fedsim.attacks.base import Observation
+from fedsim.audit.auditor import AUDIT_FILE
+from fedsim.audit.fidelity import MATCHED, fidelity_residual, residual_note
 from fedsim.clients.fedcg import task_loss
 from fedsim.clients.fedprox import proximal_loss
 from fedsim.core import protocol
@@ -32,9 +34,7 @@ from fedsim.core.gan import build_generator
 from fedsim.core.models import InputSpec, SplitNet, build_model
 from fedsim.core.training import LossFn, cross_entropy_loss, train_local
 from fedsim.core.truth import GroundTruth
-from fedsim.engine.audit.auditor import AUDIT_FILE
-from fedsim.engine.audit.fidelity import MATCHED, fidelity_residual, residual_note
-from fedsim.engine.runner import run_scenario
+from fedsim.simulation.runner import run_scenario
 
 BUNDLE = load_dataset(DataConfig())
 SPEC = InputSpec(1, 32, 10)

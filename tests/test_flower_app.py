@@ -172,7 +172,7 @@ def deployment(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
 def test_flwr_run_on_superlink_gives_the_simulation_engines_metrics(
     tmp_path: Path, deployment: tuple[dict[str, str], str]
 ) -> None:
-    from fedsim.engine.runner import run_scenario
+    from fedsim.simulation.runner import run_scenario
 
     env, connection = deployment
     scenario_file = tmp_path / "app-audit.toml"

@@ -1,4 +1,4 @@
-"""fedsim.engine.flower: each Flower internal is checked before use, with a fallback.
+"""fedsim.simulation.flower: each Flower internal is checked before use, with a fallback.
 
 The flwr range in pyproject.toml allows other 1.x versions; there the
 internals may differ. These tests simulate that with monkeypatch and check
@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from fedsim.core.config import scenario_from_dict
-from fedsim.engine import flower as boundary
-from fedsim.engine.flower import (
+from fedsim.simulation import flower as boundary
+from fedsim.simulation.flower import (
     registered_partitions,
     replaced_function_unchanged,
     simulated,
@@ -89,7 +89,7 @@ def test_partitions_from_registration_order_only_when_readable() -> None:
 def test_a_run_on_a_changed_flower_falls_back_and_gives_the_same_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedsim.engine.runner import run_scenario
+    from fedsim.simulation.runner import run_scenario
 
     scenario = scenario_from_dict(
         {
@@ -110,7 +110,9 @@ def test_a_run_on_a_changed_flower_falls_back_and_gives_the_same_metrics(
         "add_messages_to_queue",
         lambda state, q, nodes_mapping, f_stop: original(state, q, nodes_mapping, f_stop),
     )
-    monkeypatch.setattr("fedsim.engine.discovery.registered_partitions", lambda grid, nodes: None)
+    monkeypatch.setattr(
+        "fedsim.simulation.discovery.registered_partitions", lambda grid, nodes: None
+    )
     fallback = run_scenario(scenario, tmp_path / "fallback").run_dir
 
     compared = ["train-loss", "test-acc", "test-loss", "clients-trained"]

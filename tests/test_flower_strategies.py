@@ -22,7 +22,7 @@ from inprocess import InProcessGrid, run_inprocess, tiny_table
 
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
-from fedsim.engine.validate import check_components
+from fedsim.scenario.validate import check_components
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineServices, ServerResources
 from fedsim.strategies.fedavg import FedAvg
@@ -162,7 +162,7 @@ def test_without_the_engine_sampling_is_flowers_and_there_is_no_global_evaluatio
 
 @pytest.mark.slow
 def test_the_audit_attacks_replies_to_a_flower_builtin(tmp_path: Path) -> None:
-    from fedsim.engine.runner import run_scenario
+    from fedsim.simulation.runner import run_scenario
 
     table = _tiny({"name": "fedmedian"})
     table["federation"] = {"num-clients": 2, "rounds": 1, "seed": 0}

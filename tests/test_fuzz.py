@@ -362,7 +362,7 @@ def test_attack_command_lines_run_or_are_refused_in_one_line(
     def case(argv: list[str]) -> None:
         out = tmp_path_factory.mktemp("attack") / "out"
         with monkeypatch.context() as patched:
-            patched.setattr("fedsim.engine.experiment.attack_precision", sentinel)
+            patched.setattr("fedsim.audit.experiment.attack_precision", sentinel)
             try:
                 accepted = check_case(argv, out, tally, capsys)
             except SystemExit as exit_:  # argparse: a flag value of the wrong type

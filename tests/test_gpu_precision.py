@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from fedsim.engine.experiment import AttackExperiment, run_attack_experiment
+from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 
 # The 16-image case: on an H200 with cuDNN's default TF32 convolutions
 # DLG reached a median of 18.2 dB where the CPU reached 33.5 dB.

@@ -18,8 +18,10 @@ import tomli_w
 from flwr.app import ArrayRecord
 from processes import fedsim, in_session, left, wait_for_ray_start
 
-from fedsim.engine.checkpoint import open_resume
-from fedsim.engine.lifecycle import (
+from fedsim.core.protocol import RoundRecord
+from fedsim.outputs.results import METRICS_FILE, unlock_run_dir
+from fedsim.simulation.checkpoint import open_resume
+from fedsim.simulation.lifecycle import (
     SESSION_DIR,
     ChildRuns,
     RunInterrupted,
@@ -28,8 +30,6 @@ from fedsim.engine.lifecycle import (
     descendants,
     reap_orphans,
 )
-from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import METRICS_FILE, unlock_run_dir
 
 # Many short rounds: the run is still going whenever the test signals it.
 LONG = {
@@ -252,14 +252,14 @@ def test_a_parallel_sweep_killed_or_interrupted_leaves_nothing_and_continues(
 
 def test_a_child_run_ends_with_the_sweep_that_started_it() -> None:
     child = (
-        "import os, time; from fedsim.engine.lifecycle import end_with_parent; "
+        "import os, time; from fedsim.simulation.lifecycle import end_with_parent; "
         "end_with_parent(); print(os.getpid(), os.getsid(0), flush=True); time.sleep(60)"
     )
     sweep = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys; from fedsim.engine.lifecycle import ChildRuns; "
+            "import sys; from fedsim.simulation.lifecycle import ChildRuns; "
             f"ChildRuns().run([sys.executable, '-c', {child!r}], sys.stdout)",
         ],
         stdout=subprocess.PIPE,

@@ -14,11 +14,11 @@ from fedsim.attacks.labels import (
     label_method,
     last_layer_gradient,
 )
+from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import label_accuracy
 from fedsim.core.models import InputSpec, build_model
-from fedsim.engine.experiment import Probe, gradient_probe
 
 CPU = torch.device("cpu")
 

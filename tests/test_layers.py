@@ -1,4 +1,5 @@
-"""The house is one-way: kernel <- components (clients, strategies, attacks) <- engine <- face.
+"""The house is one-way: kernel <- components <- scenario <- outputs <- audit <- simulation
+<- sweeps <- face.
 
 Read from the source (every import, function-level ones included), so a
 shortcut anywhere fails here rather than in a reviewer's graph.
@@ -19,8 +20,12 @@ LAYER = {
     "fedsim.clients": 1,
     "fedsim.strategies": 1,
     "fedsim.attacks": 1,
-    "fedsim.engine": 2,
-    "fedsim.face": 3,
+    "fedsim.scenario": 2,  # checks and resolves what a scenario names
+    "fedsim.outputs": 3,  # what a run writes or shows: no Ray, no Flower
+    "fedsim.audit": 4,  # the honest-but-curious server
+    "fedsim.simulation": 5,  # the run on Flower and Ray
+    "fedsim.sweeps": 6,  # fedsim compare
+    "fedsim.face": 7,
     "fedsim.scenarios": 0,
 }
 FACE = ("fedsim.cli", "fedsim.commands", "fedsim.app")  # the command line and the Flower app
@@ -72,5 +77,18 @@ def test_components_do_not_import_each_other() -> None:
         for target, line in _imports(path):
             area = _area(target)
             assert area is None or LAYER.get(area) != 1 or area == own, (
+                f"{path.name}:{line} imports {target}"
+            )
+
+
+def test_outputs_need_no_ray() -> None:
+    # A finished run folder is read (fedsim report, compare) without starting Ray;
+    # Flower appears only as the ArrayRecord a round hands its callbacks.
+    for module, path in _modules():
+        if _area(module) != "fedsim.outputs":
+            continue
+        for target, line in _imports(path):
+            assert target.split(".")[0] != "ray", f"{path.name}:{line} imports {target}"
+            assert not target.startswith("flwr") or target == "flwr.app", (
                 f"{path.name}:{line} imports {target}"
             )

@@ -12,10 +12,10 @@ from test_compare import FakeRuns, _configs
 
 from fedsim.cli import main
 from fedsim.core.config import load_scenario
-from fedsim.engine.compare import run_sweep
-from fedsim.engine.resources import RESOURCES_FILE
-from fedsim.engine.results import AUDIT_IMAGES, REPORT_FILE
-from fedsim.engine.runner import run_scenario
+from fedsim.outputs.results import AUDIT_IMAGES, REPORT_FILE
+from fedsim.simulation.resources import RESOURCES_FILE
+from fedsim.simulation.runner import run_scenario
+from fedsim.sweeps.compare import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SECTIONS = [

@@ -26,18 +26,18 @@ import ray
 import torch
 
 from fedsim.attacks.precision import attack_precision
+from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.cli import main
 from fedsim.core.config import ScenarioError, load_scenario
-from fedsim.engine.audit.auditor import AUDIT_FILE
-from fedsim.engine.resources import (
+from fedsim.core.devices import TEST_LOGICAL_GPUS_ENV
+from fedsim.scenario.validate import check_gpu_request
+from fedsim.simulation.resources import (
     RESOURCES_FILE,
-    TEST_LOGICAL_GPUS_ENV,
     NodeResources,
     ResourceError,
     plan_resources,
 )
-from fedsim.engine.runner import run_scenario
-from fedsim.engine.validate import check_gpu_request
+from fedsim.simulation.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 AUDIT_FEDAVG = REPO / "scenarios" / "audit-fedavg.toml"

@@ -32,7 +32,20 @@ from rich.console import Console
 from fedsim.cli import main as cli_main
 from fedsim.clients.app import build_client_app
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
-from fedsim.engine.checkpoint import (
+from fedsim.core.protocol import RoundRecord
+from fedsim.outputs.results import (
+    AUDIT_FILE,
+    CHECKPOINT_DIR,
+    CLIENT_STATE_DIR,
+    CLIENTS_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    SCENARIO_FILE,
+    RunRecorder,
+    new_run_dir,
+    write_scenario,
+)
+from fedsim.simulation.checkpoint import (
     MANIFEST_FILE,
     STATE_FILE,
     Checkpointer,
@@ -45,21 +58,8 @@ from fedsim.engine.checkpoint import (
     restore_rng,
     sha256,
 )
-from fedsim.engine.flower import message_context
-from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import (
-    AUDIT_FILE,
-    CHECKPOINT_DIR,
-    CLIENT_STATE_DIR,
-    CLIENTS_FILE,
-    METRICS_FILE,
-    MODEL_FILE,
-    SCENARIO_FILE,
-    RunRecorder,
-    new_run_dir,
-    write_scenario,
-)
-from fedsim.engine.runner import run_scenario, serve
+from fedsim.simulation.flower import message_context
+from fedsim.simulation.runner import run_scenario, serve
 from fedsim.strategies import STRATEGIES
 
 QUIET = Console(quiet=True)
@@ -311,7 +311,7 @@ def test_a_commit_killed_half_way_is_finished_on_recovery(
             raise Crash
         replace(src, dst)
 
-    monkeypatch.setattr("fedsim.engine.checkpoint.os.replace", dies_on_second_move)
+    monkeypatch.setattr("fedsim.simulation.checkpoint.os.replace", dies_on_second_move)
     with pytest.raises(Crash):
         commit(tmp_path, 2, {"round": 2})
     monkeypatch.undo()

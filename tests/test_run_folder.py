@@ -13,7 +13,7 @@ import tomli_w
 from fedsim.cli import main
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.protocol import AuditRecord
-from fedsim.engine.results import (
+from fedsim.outputs.results import (
     AUDIT_FILE,
     AUDIT_IMAGES,
     CHECKPOINT_DIR,

@@ -23,7 +23,17 @@ from rich.console import Console
 
 from fedsim.cli import main as cli_main
 from fedsim.core.config import ScenarioError, scenario_from_dict
-from fedsim.engine.checkpoint import (
+from fedsim.core.protocol import RoundRecord
+from fedsim.outputs.results import (
+    CHECKPOINT_DIR,
+    CLIENT_STATE_DIR,
+    LOCK_FILE,
+    RunRecorder,
+    new_run_dir,
+    unlock_run_dir,
+    write_scenario,
+)
+from fedsim.simulation.checkpoint import (
     DELETED_FILE,
     MANIFEST_FILE,
     STATE_FILE,
@@ -33,17 +43,7 @@ from fedsim.engine.checkpoint import (
     recover,
     sha256,
 )
-from fedsim.engine.compare import MARKER, is_finished
-from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import (
-    CHECKPOINT_DIR,
-    CLIENT_STATE_DIR,
-    LOCK_FILE,
-    RunRecorder,
-    new_run_dir,
-    unlock_run_dir,
-    write_scenario,
-)
+from fedsim.sweeps.compare import MARKER, is_finished
 
 QUIET = Console(quiet=True)
 SCENARIO: dict[str, Any] = {

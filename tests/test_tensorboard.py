@@ -14,9 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from fedsim.clients.app import build_client_app
 from fedsim.core.config import scenario_from_dict
 from fedsim.core.metrics import score_reconstruction
-from fedsim.engine.figures import draw_pairs, scored_pairs
-from fedsim.engine.flower import message_context
-from fedsim.engine.results import (
+from fedsim.outputs.figures import draw_pairs, scored_pairs
+from fedsim.outputs.results import (
     AUDIT_IMAGES,
     CLIENT_STATE_DIR,
     METRICS_FILE,
@@ -25,7 +24,8 @@ from fedsim.engine.results import (
     audit_image_name,
     new_run_dir,
 )
-from fedsim.engine.runner import serve
+from fedsim.simulation.flower import message_context
+from fedsim.simulation.runner import serve
 from fedsim.strategies import STRATEGIES
 
 

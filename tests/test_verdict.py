@@ -17,19 +17,19 @@ from fedsim.attacks import ATTACKS
 from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.optim import BatchedAdamW
-from fedsim.core.config import AUTO, ComponentConfig, ScenarioError, load_scenario
-from fedsim.core.metrics import median_interval, success_interval
-from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord
-from fedsim.engine.audit.fidelity import attacker_residual
-from fedsim.engine.audit.portfolio import resolve_attacks
-from fedsim.engine.audit.verdict import round_verdict, victim_verdict, victim_verdicts
-from fedsim.engine.experiment import (
+from fedsim.audit.experiment import (
     AttackExperiment,
     Probe,
     experiment_probes,
     run_attack_experiment,
 )
-from fedsim.engine.validate import check_components
+from fedsim.audit.fidelity import attacker_residual
+from fedsim.core.config import AUTO, ComponentConfig, ScenarioError, load_scenario
+from fedsim.core.metrics import median_interval, success_interval
+from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord
+from fedsim.outputs.verdict import round_verdict, victim_verdict, victim_verdicts
+from fedsim.scenario.portfolio import resolve_attacks
+from fedsim.scenario.validate import check_components
 from fedsim.strategies import STRATEGIES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ observation that breaks them.
 Each sets :attr:`~fedsim.attacks.base.Reconstruction.converged` and
 ``steps_taken`` (0 for the closed form). An analytic attack models the client
 as one gradient step, so its fidelity
-residual (:mod:`fedsim.engine.audit.fidelity`) is that step's gradient on the
+residual (:mod:`fedsim.audit.fidelity`) is that step's gradient on the
 true batch against the intercepted one: zero for an exact FedSGD upload. Its
 reconstruction's own residual, which the attacker can compute, is in
 ``details["gradient_residual"]``.

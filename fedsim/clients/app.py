@@ -22,7 +22,7 @@ def build_client_app(
 
     Every reply carries the client's partition id in its metrics: the server
     only sees node ids, and records results per partition. Messages the server
-    marked with an injected failure fail in the mod (:mod:`fedsim.engine.failures`).
+    marked with an injected failure fail in the mod (:mod:`fedsim.simulation.failures`).
     """
     app = ClientApp(mods=[inject_failures])
     routine = CLIENT_ROUTINES.get(routine_name)()

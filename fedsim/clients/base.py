@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from fedsim.core import protocol
 from fedsim.core.config import Scenario
 from fedsim.core.data import DatasetBundle, load_dataset
+from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.partition import ClientSplit, partition_dataset
 from fedsim.core.seeds import SeedStream, derive_seed
@@ -20,7 +21,6 @@ from fedsim.core.training import (
     client_config_from_record,
     cross_entropy_loss,
     evaluate,
-    pick_device,
     train_local,
 )
 
@@ -55,7 +55,7 @@ class ClientEnv:
         splits = partition_dataset(
             scenario.data, scenario.federation.num_clients, scenario.federation.seed
         )
-        device = pick_device(scenario.backend.num_gpus > 0)
+        device = gpu_if(scenario.backend.num_gpus > 0)
         return cls(partition_id, scenario, bundle, splits[partition_id], device, state, state_dir)
 
     @property

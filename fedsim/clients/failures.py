@@ -1,7 +1,7 @@
 """The client's side of injected failures: a Flower mod that fails when the server says so.
 
 The server marks the messages of the clients it picked to fail this round
-(:mod:`fedsim.engine.failures`); :func:`inject_failures` acts on the mark
+(:mod:`fedsim.simulation.failures`); :func:`inject_failures` acts on the mark
 before any client work, so a failing client changes no state:
 
 - ``raise``: the client raises instead of training; Flower turns that into an

@@ -5,7 +5,7 @@ client's data and seeds, so :class:`ClientReplay` can say which images a
 client trained on in a round (replaying its seeded batch schedule,
 :func:`fedsim.core.training.batch_indices`) and compute the probe gradient it
 would share (with its own private parameters and defences). The harness
-(:mod:`fedsim.engine.runner`) hands it to the audit as a
+(:mod:`fedsim.simulation.runner`) hands it to the audit as a
 :class:`~fedsim.core.truth.TruthSource`; it meets a reconstruction only in the
 scorer, never in an attack.
 """

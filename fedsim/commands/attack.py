@@ -1,6 +1,6 @@
 """``fedsim attack``: invert the gradient of real images; print a table, write a CSV and a grid.
 
-The experiment itself is :mod:`fedsim.engine.experiment`; this is its face.
+The experiment itself is :mod:`fedsim.audit.experiment`; this is its face.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class AttackCommand:
         add("--out", help="output folder (default runs/attack-<attack>-<dataset>-<time>)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.engine.experiment import (
+        from fedsim.audit.experiment import (
             AttackExperiment,
             run_attack_experiment,
             write_attack_outputs,
@@ -111,7 +111,7 @@ def _print(outcome: Any, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from fedsim.engine.experiment import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
+    from fedsim.audit.experiment import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
 
     exp = outcome.experiment
     table = Table(

@@ -1,4 +1,4 @@
-"""``fedsim compare SPEC [--out DIR] [--dry-run]``: a sweep, see :mod:`fedsim.engine.compare`."""
+"""``fedsim compare SPEC [--out DIR] [--dry-run]``: a sweep, see :mod:`fedsim.sweeps.compare`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ class CompareCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.engine.compare import (
+        from fedsim.outputs.results import REPORT_FILE as HTML_REPORT
+        from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RunInterrupted
+        from fedsim.sweeps.compare import (
             REPORT_FILE,
             RUNS_DIR,
             check_machines,
@@ -36,8 +38,6 @@ class CompareCommand:
             load_spec,
             run_sweep,
         )
-        from fedsim.engine.lifecycle import INTERRUPTED_STATUS, RunInterrupted
-        from fedsim.engine.results import REPORT_FILE as HTML_REPORT
 
         spec, base = load_spec(scenario_path(args.spec))
         configs = configurations(spec, base)

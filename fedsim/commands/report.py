@@ -16,9 +16,9 @@ class ReportCommand:
         parser.add_argument("dir", help="a run directory, or a fedsim compare output folder")
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.engine.compare import SWEEP_FILE, write_sweep_report
-        from fedsim.engine.report import write_run_report
-        from fedsim.engine.results import METRICS_FILE, SCENARIO_FILE
+        from fedsim.outputs.report import write_run_report
+        from fedsim.outputs.results import METRICS_FILE, SCENARIO_FILE
+        from fedsim.sweeps.compare import SWEEP_FILE, write_sweep_report
 
         folder = Path(args.dir)
         if (folder / SWEEP_FILE).is_file():

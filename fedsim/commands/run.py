@@ -40,8 +40,8 @@ class RunCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.engine.checkpoint import open_resume
-        from fedsim.engine.runner import run_scenario
+        from fedsim.simulation.checkpoint import open_resume
+        from fedsim.simulation.runner import run_scenario
         from fedsim.strategies.base import TooFewReplies
 
         try:

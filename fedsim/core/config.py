@@ -366,7 +366,7 @@ class AuditConfig:
 
     ``attacks`` are tables ``{name = "dlg", <that attack's parameters>}``, or
     ``"auto"`` (the default): every registered attack that applies to the
-    scenario, at its measured budget (:mod:`fedsim.engine.audit.portfolio`).
+    scenario, at its measured budget (:mod:`fedsim.scenario.portfolio`).
     Rounds: the listed ``rounds``, else every ``every``-th round. Victims: the
     listed partitions ``victim-ids`` when sampled, else ``victims`` random
     sampled clients (0 = every sampled client).
@@ -529,7 +529,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
 
     This checks form only: keys, types and ranges. Whether the named
     components exist and fit together, and whether this machine can run the
-    scenario, is :mod:`fedsim.engine.validate`'s job.
+    scenario, is :mod:`fedsim.scenario.validate`'s job.
     """
     tables = dict(raw)
     strategy = _component(tables.pop("strategy", None), "strategy", "fedavg")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -121,6 +121,28 @@ def read_float(record: Mapping[str, Any], key: str) -> float:
 def kebab(name: str) -> str:
     """A Python field name as a file key: ``label_acc`` -> ``label-acc``."""
     return name.replace("_", "-")
+
+
+# -- what one round produced (the round loop's callbacks receive it) --------------
+@dataclass
+class RoundRecord:
+    """Everything one round produced, for the round loop's callbacks.
+
+    ``failed`` maps each sampled client that did not deliver a training reply
+    (by partition id) to ``"error"`` (it raised) or ``"timeout"`` (no reply by
+    the deadline).
+    """
+
+    round: int
+    seconds: float
+    sampled: int
+    replies: int
+    failures: int
+    train: dict[str, float] = field(default_factory=dict)
+    evaluate: dict[str, float] = field(default_factory=dict)
+    server: dict[str, float] = field(default_factory=dict)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,3 @@ def evaluate(
         loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(dim=1) == y).sum())
     return loss_sum / len(labels), correct / len(labels)
-
-
-def pick_device(want_gpu: bool) -> torch.device:
-    """CUDA when asked for and present, else CPU."""
-    return torch.device("cuda" if want_gpu and torch.cuda.is_available() else "cpu")

@@ -5,7 +5,7 @@ A fedsim strategy is a Flower strategy (``configure_train`` / ``aggregate_train`
 implements :class:`EngineHooks`: the round-0 model, an optional global
 evaluation, checkpoint state, the name of its client routine and how many
 replies a round needs. The engine calls only these; wrappers
-(:class:`~fedsim.engine.audit.wrapper.AuditedStrategy`) forward them one by one.
+(:class:`~fedsim.audit.wrapper.AuditedStrategy`) forward them one by one.
 
 A strategy is built like Flower's own, from keyword hyper-parameters with the
 papers' defaults (``FedProx(proximal_mu=0.01)``), and then runs in any

@@ -2,7 +2,7 @@
 
 Flower's simulation gives nodes random ids, so sampling node ids would pick
 different clients on every run. The server maps node ids to partition ids
-once (:func:`fedsim.engine.discovery.discover_partitions`) and samples
+once (:func:`fedsim.simulation.discovery.discover_partitions`) and samples
 partitions from a stream seeded by (seed, round).
 """
 

@@ -13,7 +13,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedsim.core import protocol
-from fedsim.engine.flower import registered_partitions
+from fedsim.simulation.flower import registered_partitions
 
 
 def _wait_for_nodes(grid: Grid, expected: int | None, wait_s: float) -> list[int]:

@@ -12,44 +12,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from fedsim.core import protocol
-from fedsim.engine.failures import FailurePlan, mark
+from fedsim.simulation.failures import FailurePlan, mark
 from fedsim.strategies.base import FedsimStrategy
 
 POLL_S = 0.02  # between pulls for replies (Flower's own send_and_receive sleeps 0.1 s)
 
 
-@dataclass
-class RoundRecord:
-    """Everything one round produced, for callbacks.
-
-    ``failed`` maps each sampled client that did not deliver a training reply
-    (by partition id) to ``"error"`` (it raised) or ``"timeout"`` (no reply by
-    the deadline).
-    """
-
-    round: int
-    seconds: float
-    sampled: int
-    replies: int
-    failures: int
-    train: dict[str, float] = field(default_factory=dict)
-    evaluate: dict[str, float] = field(default_factory=dict)
-    server: dict[str, float] = field(default_factory=dict)
-    clients: list[dict[str, Any]] = field(default_factory=list)
-    failed: dict[int, str] = field(default_factory=dict)
-
-
 class RoundCallback(Protocol):
     """Observes the loop; called after each round with the new global model."""
 
-    def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None: ...
+    def on_round_end(self, record: protocol.RoundRecord, arrays: ArrayRecord) -> None: ...
 
 
 class Exchange:
@@ -220,7 +198,7 @@ def run_rounds(
         eval_metrics = strategy.aggregate_evaluate(server_round, eval_replies)
         server_metrics = strategy.evaluate_global(server_round, arrays)
 
-        record = RoundRecord(
+        record = protocol.RoundRecord(
             round=server_round,
             seconds=time.perf_counter() - started,
             sampled=len(train_messages),

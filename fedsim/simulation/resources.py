@@ -16,7 +16,7 @@ fedsim therefore plans before any client starts:
 2. The client actors get what is left: per node ``floor(CPUs left /
    num-cpus)``, bounded by ``floor(GPUs left / num-gpus)`` when clients ask
    for GPUs. Flower's actor pool is sized to exactly this count
-   (:func:`fedsim.engine.flower.actor_pool_size`), since Flower's own count
+   (:func:`fedsim.simulation.flower.actor_pool_size`), since Flower's own count
    reads the nodes' totals and would start actors that can never be placed.
 3. A split where the reservation cannot be placed, or no client actor fits
    beside it, is refused with one line naming the keys, what the machine or
@@ -44,15 +44,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsim.audit.tasks import AUDIT_RESERVATION_NAME
 from fedsim.core.config import Scenario, ScenarioError
-
-# Test-only: the number of logical GPUs a fedsim-started Ray declares on a
-# machine without CUDA, and permission to ask for GPUs there. Never for users:
-# their work would run on CPU while the plan says GPU.
-TEST_LOGICAL_GPUS_ENV = "FEDSIM_TEST_LOGICAL_GPUS"
+from fedsim.core.devices import test_logical_gpus
 
 RESOURCES_FILE = "resources.json"
-AUDIT_RESERVATION_NAME = "fedsim-audit"
 CONNECT_TIMEOUT_S = 5.0  # a Ray head answers a TCP connect at once when it exists
 EPS = 1e-9  # Ray rounds resource quantities to 1e-4; keep float sums from flipping a floor
 
@@ -63,12 +59,6 @@ class ResourceError(ScenarioError):
 
 class ResourceWaitError(RuntimeError):
     """Something waited past its limit for resources (what waits, what it asks, what exists)."""
-
-
-def test_logical_gpus() -> int:
-    """Logical GPUs granted by the test-only :data:`TEST_LOGICAL_GPUS_ENV` (0 when unset)."""
-    raw = os.environ.get(TEST_LOGICAL_GPUS_ENV, "")
-    return int(raw) if raw.strip().isdigit() else 0
 
 
 @dataclass(frozen=True)
@@ -361,16 +351,3 @@ def reserve_audit(plan: ResourcePlan, timeout: float) -> Any:
             "(another job may hold it); free resources or lower audit.workers / audit.num-gpus"
         )
     return group
-
-
-def audit_reservation() -> Any:
-    """The running audit's placement group, or ``None`` (no plan made, e.g. in-process tests)."""
-    import ray
-    from ray.util import get_placement_group
-
-    if not ray.is_initialized():
-        return None
-    try:
-        return get_placement_group(AUDIT_RESERVATION_NAME)
-    except ValueError:
-        return None

@@ -10,7 +10,7 @@ behaviour when the internal changed:
   Applied only when Flower's function is exactly the one it replaces
   (:data:`REPLACED_SOURCE`), and restored afterwards.
 - :func:`actor_pool_size`: Flower's simulation starts the number of client
-  actors fedsim's resource plan computed (:mod:`fedsim.engine.resources`)
+  actors fedsim's resource plan computed (:mod:`fedsim.simulation.resources`)
   instead of one per CPU/GPU share of each node's total, which leaves no room
   for the audit. Applied only when Flower's actor pool still takes its size
   from :data:`POOL_SIZE_CALL`, and restored afterwards.

@@ -3,7 +3,7 @@
 Attacks are Ray tasks holding only observations (:class:`~fedsim.attacks.base.Observation`);
 ground truth stays in the driver and meets the reconstruction in
 :func:`fedsim.core.metrics.score_reconstruction`. Tasks run inside the audit's
-reservation (:mod:`fedsim.engine.resources`), a placement group of
+reservation (:mod:`fedsim.simulation.resources`), a placement group of
 ``audit.workers`` bundles held for the whole run, so client actors can never
 take their CPUs or GPU share.
 
@@ -29,36 +29,30 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import ray
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from rich.console import Console
 from torchvision.utils import save_image
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
-from fedsim.attacks.precision import Precision, attack_precision
+from fedsim.audit.fidelity import attacker_residual, fidelity_residual, residual_note
+from fedsim.audit.observe import ServerView, observe_reply, reveal_batch_statistics
+from fedsim.audit.tasks import DeviceUse, audit_reservation, remote_attack, start_board
 from fedsim.core import protocol
-from fedsim.core.config import AuditConfig, ComponentConfig, component_params
+from fedsim.core.config import AuditConfig, ComponentConfig
 from fedsim.core.metrics import score_reconstruction
-from fedsim.core.protocol import AuditRecord
+from fedsim.core.protocol import AuditRecord, RoundRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
-from fedsim.engine.audit.fidelity import attacker_residual, fidelity_residual, residual_note
-from fedsim.engine.audit.observe import ServerView, observe_reply, reveal_batch_statistics
-from fedsim.engine.audit.verdict import round_verdict, verdict_line, victim_verdicts
-from fedsim.engine.figures import draw_pairs, scored_pairs
-from fedsim.engine.loop import RoundRecord
-from fedsim.engine.progress import AttackProgressLines, board_reporter, start_board
-from fedsim.engine.resources import audit_reservation
-from fedsim.engine.results import (
+from fedsim.outputs.figures import draw_pairs, scored_pairs
+from fedsim.outputs.progress import AttackProgressLines
+from fedsim.outputs.results import (
     AUDIT_FILE,
     AUDIT_IMAGES,
     DEFAULT_SUCCESS_PSNR,
@@ -66,59 +60,10 @@ from fedsim.engine.results import (
     audit_image_name,
     write_csv_atomic,
 )
+from fedsim.outputs.verdict import round_verdict, verdict_line, victim_verdicts
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 PROGRESS_EVERY_S = 30.0  # a line while the round waits for its attacks: never silent
-
-
-@dataclass(frozen=True)
-class DeviceUse:
-    """Where one attack task ran and what it held there."""
-
-    device: str
-    gpu_seconds: float  # seconds the task held its GPU (0 on CPU)
-    peak_gpu_mb: float  # peak GPU memory allocated by the task (0 on CPU)
-
-
-def run_attack(
-    attack: ComponentConfig,
-    observations: Sequence[Observation],
-    seed: int,
-    want_gpu: bool,
-    threads: int,
-    precision: Precision = "float32",
-    progress: tuple[Any, str] | None = None,
-) -> tuple[list[Reconstruction], DeviceUse]:
-    """Run one attack on ``observations`` in one batched call (the body of a Ray task).
-
-    CUDA when asked for and present (a logical GPU on a machine without CUDA
-    runs on CPU), at full precision (:func:`~fedsim.attacks.precision.attack_precision`).
-    ``progress``: a :class:`~fedsim.engine.progress.ProgressBoard` actor and this
-    task's key; the attack posts its progress there.
-    """
-    torch.set_num_threads(threads)
-    attack_cls = ATTACKS.get(attack.name)
-    params = component_params(attack_cls, attack, "audit.attacks")
-    device = torch.device("cuda" if want_gpu and torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    started = time.perf_counter()
-    runner = attack_cls(params, device=device)
-    if progress is not None:
-        runner.progress = board_reporter(*progress)
-    with attack_precision(precision):
-        recs = runner.reconstruct_many(observations, seed=seed)
-    if device.type != "cuda":
-        return recs, DeviceUse("cpu", 0.0, 0.0)
-    torch.cuda.synchronize(device)
-    peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-    return recs, DeviceUse(
-        torch.cuda.get_device_name(device), time.perf_counter() - started, peak_mb
-    )
-
-
-# Typed Any: Ray's stubs type remote functions of at most five arguments.
-_remote_attack: Any = ray.remote(run_attack)
 
 
 @dataclass
@@ -171,7 +116,7 @@ class Auditor:
         if isinstance(cfg.attacks, str):
             raise ValueError(
                 f"audit.attacks = {cfg.attacks!r}: resolve it first "
-                "(fedsim.engine.audit.portfolio.resolve_attacks)"
+                "(fedsim.scenario.portfolio.resolve_attacks)"
             )
         self.cfg = cfg
         self.attacks: tuple[ComponentConfig, ...] = cfg.attacks
@@ -280,7 +225,7 @@ class Auditor:
             self._board = start_board()
         key = f"audit round {job.round}: {self._label(job.attack)} on {job.clients}"
         self._progress_lines[key] = AttackProgressLines(self.console, key)
-        ref = _remote_attack.options(**options).remote(
+        ref = remote_attack.options(**options).remote(
             job.attack,
             [v.observation for v in job.victims],
             seed,
@@ -447,7 +392,7 @@ class Auditor:
                 record.server.update(verdict)
                 self.console.print(verdict_line(record.round, verdict, verdicts), markup=False)
 
-    # -- checkpointing (fedsim.engine.checkpoint.Checkpointable) ------------------------
+    # -- checkpointing (fedsim.simulation.checkpoint.Checkpointable) ------------------------
 
     checkpoint_key = "audit"
 

@@ -21,7 +21,7 @@ committed; resuming puts ``client_state/`` back as the checkpoint has it.
 Resuming trusts nothing in the folder: a checkpoint file that differs from its
 checksum, a missing client file, a symbolic link anywhere, or a name that
 leads outside the folder is refused with one line before anything is loaded
-(:func:`fedsim.engine.results.check_no_links`, :func:`~fedsim.engine.results.inside`).
+(:func:`fedsim.outputs.results.check_no_links`, :func:`~fedsim.outputs.results.inside`).
 
 What is not saved, because it is derived again: client sampling and injected
 failures (seeded by seed and round), client training seeds (seed, round,
@@ -63,8 +63,8 @@ from fedsim.core.config import (
     require,
     scenario_to_dict,
 )
-from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import (
+from fedsim.core.protocol import RoundRecord
+from fedsim.outputs.results import (
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
     MODEL_FILE,

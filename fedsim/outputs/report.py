@@ -9,7 +9,7 @@ plan (when the run directory has one) and the resolved scenario. A sweep's
 page: the privacy-utility plot, the table (mean, median, max PSNR and success
 share) and links to its runs' pages. Plots come
 from matplotlib, the page from the Jinja2 templates of
-:mod:`fedsim.engine.report_templates`, and every image is embedded as a
+:mod:`fedsim.outputs.report_templates`, and every image is embedded as a
 ``data:`` URI, so the file can be mailed.
 """
 
@@ -32,10 +32,9 @@ from fedsim import fedsim_version
 from fedsim.core import protocol
 from fedsim.core.metrics import EXACT_PSNR
 from fedsim.core.protocol import AuditRecord
-from fedsim.engine.audit.verdict import victim_verdicts
-from fedsim.engine.figures import data_uri, figure_png
-from fedsim.engine.report_templates import TEMPLATES
-from fedsim.engine.results import (
+from fedsim.outputs.figures import data_uri, figure_png
+from fedsim.outputs.report_templates import TEMPLATES
+from fedsim.outputs.results import (
     AUDIT_FILE,
     AUDIT_IMAGES,
     DEFAULT_SUCCESS_PSNR,
@@ -51,6 +50,7 @@ from fedsim.engine.results import (
     read_wall_seconds,
     round_verdict_table,
 )
+from fedsim.outputs.verdict import victim_verdicts
 
 # Files a resource plan may be written to (issue 13's runner); shown when present.
 PLAN_PATTERNS = ("plan.*", "resources.*", "resource-plan.*")

@@ -17,8 +17,8 @@ from flwr.app import ArrayRecord
 from PIL import Image
 
 from fedsim.core import protocol
-from fedsim.engine.loop import RoundRecord
-from fedsim.engine.results import AUDIT_IMAGES, TENSORBOARD_DIR, RunRecorder
+from fedsim.core.protocol import RoundRecord
+from fedsim.outputs.results import AUDIT_IMAGES, TENSORBOARD_DIR, RunRecorder
 
 
 class TensorBoardLog:

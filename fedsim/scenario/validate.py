@@ -36,11 +36,11 @@ from fedsim.core.config import (
     require,
 )
 from fedsim.core.data import DATASETS, check_dataset_available, load_raw, shaped_channels
+from fedsim.core.devices import test_logical_gpus
 from fedsim.core.models import INITS, MODELS, InputSpec
 from fedsim.core.partition import PARTITIONERS, partition_dataset
 from fedsim.core.training import smallest_batch
-from fedsim.engine.audit.portfolio import resolve_attacks
-from fedsim.engine.resources import test_logical_gpus
+from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.strategies import STRATEGIES
 
 MAX_ACTORS_PER_CORE = 4
@@ -145,7 +145,7 @@ def check_components(scenario: Scenario) -> None:
 def check_gpu_request(num_gpus: float, key: str) -> None:
     """Ray waits forever for GPUs that do not exist; refuse instead.
 
-    Tests alone may grant logical GPUs (:data:`~fedsim.engine.resources.TEST_LOGICAL_GPUS_ENV`):
+    Tests alone may grant logical GPUs (:data:`~fedsim.core.devices.TEST_LOGICAL_GPUS_ENV`):
     Ray then schedules GPU shares and everything runs on CPU.
     """
     if num_gpus > 0 and not torch.cuda.is_available() and not test_logical_gpus():

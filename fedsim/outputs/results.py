@@ -2,7 +2,7 @@
 
 Rows are written as each round ends (the CSV is rewritten atomically), so an
 interrupted run keeps every finished round; ``checkpoint/`` holds what a
-resumed run needs (:mod:`fedsim.engine.checkpoint`).
+resumed run needs (:mod:`fedsim.simulation.checkpoint`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from tabulate import tabulate
 
 from fedsim.core import protocol
 from fedsim.core.config import AuditConfig, Scenario, ScenarioError, require, scenario_to_dict
-from fedsim.core.protocol import AuditRecord
-from fedsim.engine.audit.verdict import round_verdicts, victim_verdicts
-from fedsim.engine.loop import RoundRecord
+from fedsim.core.protocol import AuditRecord, RoundRecord
+from fedsim.outputs.verdict import round_verdicts, victim_verdicts
 
 METRICS_FILE = "metrics.csv"
 CLIENTS_FILE = "clients.csv"
@@ -359,7 +358,7 @@ class RunRecorder:
         write_csv_atomic(self.client_rows, self.run_dir / CLIENTS_FILE)
 
     def state_dict(self) -> dict[str, Any]:
-        """The rows so far (the checkpoint keeps them, see :mod:`fedsim.engine.checkpoint`)."""
+        """The rows so far (the checkpoint keeps them, see :mod:`fedsim.simulation.checkpoint`)."""
         return {
             "rows": self.rows,
             "client_rows": self.client_rows,
@@ -450,7 +449,7 @@ def _interval_text(low: float, high: float, digits: int = 1, scale: float = 1.0)
 def round_verdict_table(
     verdicts: pd.DataFrame, audit_seed: int, threshold: float = DEFAULT_SUCCESS_PSNR
 ) -> VerdictTable:
-    """The verdict per round (:mod:`fedsim.engine.audit.verdict`) for a report or summary."""
+    """The verdict per round (:mod:`fedsim.outputs.verdict`) for a report or summary."""
     raw = round_verdicts(verdicts, audit_seed, threshold)
     rows = []
     for r in raw:

@@ -33,7 +33,7 @@ process (one Ray start each; on 2 cores a run already uses both).
 ``parallel = N`` runs N at once, each as ``fedsim run`` in a subprocess with
 its own Ray (give the base ``backend.ray-cpus`` so they share the machine); a
 Ctrl-C to the sweep stops each at its round end, and a sweep killed outright
-takes its runs with it (:class:`fedsim.engine.lifecycle.ChildRuns`).
+takes its runs with it (:class:`fedsim.simulation.lifecycle.ChildRuns`).
 
 Resume: each run lives in ``<out>/runs/<configuration>/seed-<k>``; when it
 ends, a marker (``compare.json``: the hash of its resolved scenario) is
@@ -95,16 +95,7 @@ from fedsim.core.config import (
     scenario_to_dict,
 )
 from fedsim.core.protocol import AuditRecord
-from fedsim.engine.audit.verdict import victim_verdicts
-from fedsim.engine.checkpoint import checkpointed_round, open_resume
-from fedsim.engine.lifecycle import (
-    INTERRUPTED_STATUS,
-    ChildRuns,
-    RaySession,
-    RunInterrupted,
-    reap_orphans,
-)
-from fedsim.engine.results import (
+from fedsim.outputs.results import (
     AUDIT_FILE,
     CHECKPOINT_DIR,
     DEFAULT_SUCCESS_PSNR,
@@ -117,10 +108,19 @@ from fedsim.engine.results import (
     read_wall_seconds,
     unlock_run_dir,
 )
-from fedsim.engine.results import (
+from fedsim.outputs.results import (
     REPORT_FILE as RUN_REPORT_FILE,
 )
-from fedsim.engine.validate import check_components, check_machine
+from fedsim.outputs.verdict import victim_verdicts
+from fedsim.scenario.validate import check_components, check_machine
+from fedsim.simulation.checkpoint import checkpointed_round, open_resume
+from fedsim.simulation.lifecycle import (
+    INTERRUPTED_STATUS,
+    ChildRuns,
+    RaySession,
+    RunInterrupted,
+    reap_orphans,
+)
 
 RUNS_DIR = "runs"
 MARKER = "compare.json"
@@ -371,7 +371,7 @@ class RunFn(Protocol):
 
 def run_in_process(scenario: Scenario, run_dir: Path, console: Console, resume: bool) -> None:
     """One run in this process (Ray starts and stops inside it)."""
-    from fedsim.engine.runner import run_scenario
+    from fedsim.simulation.runner import run_scenario
 
     if resume:
         scenario, checkpoint = open_resume(run_dir)
@@ -735,7 +735,7 @@ def _read_frame(path: Path) -> pd.DataFrame:
 
 def write_sweep_report(out: Path) -> Path:
     """``report.html`` in a sweep folder, from the files :func:`write_outputs` wrote."""
-    from fedsim.engine.report import write_compare_report
+    from fedsim.outputs.report import write_compare_report
 
     sweep = json.loads((out / SWEEP_FILE).read_text())
     table = _read_frame(out / TABLE_CSV)

@@ -51,7 +51,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the command line imports this module: keep Flower out of its start-up
     from flwr.app import ArrayRecord
 
-    from fedsim.engine.loop import RoundRecord
+    from fedsim.core.protocol import RoundRecord
 
 INTERRUPTED_STATUS = 130  # the shell's status for a run stopped by SIGINT
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

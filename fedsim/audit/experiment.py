@@ -50,14 +50,15 @@ from fedsim.core.config import (
     to_table,
 )
 from fedsim.core.data import DATASETS, DatasetBundle, Normalization, load_dataset
+from fedsim.core.devices import pick_device
 from fedsim.core.metrics import ReconstructionScore, score_reconstruction
 from fedsim.core.models import INITS, MODELS, InputSpec, build_model
 from fedsim.core.protocol import kebab
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.truth import GroundTruth, probe_gradient
-from fedsim.engine.figures import draw_pairs, scored_pairs
-from fedsim.engine.progress import AttackProgressLines
-from fedsim.engine.validate import check_model_fits
+from fedsim.outputs.figures import draw_pairs, scored_pairs
+from fedsim.outputs.progress import AttackProgressLines
+from fedsim.scenario.validate import check_model_fits
 
 RESULTS_FILE = "results.csv"
 GRID_FILE = "grid.png"
@@ -135,29 +136,6 @@ def gradient_probe(
     return Probe(observation, truth)
 
 
-DEVICES = "auto, cpu, cuda or cuda:N"
-
-
-def pick_device(name: str) -> torch.device:
-    """``auto`` is CUDA when available, else the CPU; a named CUDA device must exist."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ScenarioError("--device", name, f"one of {DEVICES}") from None
-    require(device.type in ("cpu", "cuda"), "--device", name, f"one of {DEVICES}")
-    if device.type == "cuda":
-        count = torch.cuda.device_count()
-        require(
-            (device.index or 0) < count,
-            "--device",
-            name,
-            f"this machine has {count} CUDA device(s); use auto or cpu",
-        )
-    return device
-
-
 @dataclass(frozen=True)
 class AttackExperiment:
     """One ``fedsim attack`` run. Errors name the fields as the command's flags.
@@ -219,7 +197,7 @@ class AttackExperiment:
             "no such file (a run's model.pt)",
         )
         check_model_fits(self.model, self.image_size, self.channels == "rgb", "--image-size")
-        pick_device(self.device)
+        pick_device(self.device, "--device")
         self.attack_params()  # validated up front
         # The probe is a whole model's gradient, as FedAvg's server sees it (uploads: all).
         probed = scenario_from_dict(
@@ -363,7 +341,9 @@ def run_attack_experiment(
     """Probe, attack (``parallel`` batches at a time) and score every batch;
     with ``console``, print the attack's progress."""
     attack_cls = lookup(ATTACKS, experiment.attack, "--attack")
-    attack: Attack = attack_cls(experiment.attack_params(), device=pick_device(experiment.device))
+    attack: Attack = attack_cls(
+        experiment.attack_params(), device=pick_device(experiment.device, "--device")
+    )
     probes, batches = experiment_probes(experiment)
     seed = derive_seed(SeedStream.ATTACK, experiment.seed, 0, 0)
     threads = torch.get_num_threads()

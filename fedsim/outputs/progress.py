@@ -2,11 +2,11 @@
 
 Lines (not a live display) because they read the same on a terminal and in a
 CI log; rich drops the colours when the output is not a terminal. Rounds print
-their own line with an ETA (:class:`fedsim.engine.results.RunRecorder`).
+their own line with an ETA (:class:`fedsim.outputs.results.RunRecorder`).
 
 Attacks report through :attr:`fedsim.attacks.base.Attack.progress` about 20
 times per optimisation; :class:`AttackProgressLines` prints a line at each
-quarter. Audit attacks run in Ray tasks: they post to a :class:`ProgressBoard`
+quarter. Audit attacks run in Ray tasks: they post to a :class:`~fedsim.audit.tasks.ProgressBoard`
 actor, which the driver drains while it waits for results.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 
@@ -46,33 +45,3 @@ class Phases:
     def __call__(self, text: str) -> None:
         elapsed = time.monotonic() - self.started
         self.console.print(f"[dim]{elapsed:6.1f}s[/dim]  {text}", highlight=False)
-
-
-class ProgressBoard:
-    """A Ray actor (no CPU) collecting progress posts from attack tasks for the driver."""
-
-    def __init__(self) -> None:
-        self._posts: list[tuple[str, int, int, float]] = []
-
-    def post(self, key: str, step: int, total: int, best: float) -> None:
-        self._posts.append((key, step, total, best))
-
-    def take(self) -> list[tuple[str, int, int, float]]:
-        posts, self._posts = self._posts, []
-        return posts
-
-
-def start_board() -> Any:
-    """A :class:`ProgressBoard` actor in the running Ray cluster."""
-    import ray
-
-    return ray.remote(num_cpus=0)(ProgressBoard).remote()
-
-
-def board_reporter(board: Any, key: str) -> Any:
-    """An attack progress callback posting to ``board`` (fire and forget)."""
-
-    def report(step: int, total: int, best: float) -> None:
-        board.post.remote(key, step, total, best)
-
-    return report

@@ -1,4 +1,4 @@
-"""The report pages' Jinja2 templates (:mod:`fedsim.engine.report`).
+"""The report pages' Jinja2 templates (:mod:`fedsim.outputs.report`).
 
 Python strings, not files beside the code: a Flower app bundle (FAB) carries
 only ``.py``, ``.toml``, ``.md``, ``.yaml`` and ``.json`` files, and the

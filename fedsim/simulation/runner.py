@@ -14,26 +14,19 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
+from fedsim.audit.auditor import Auditor
+from fedsim.audit.observe import ServerView
+from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.clients.replay import ClientReplay
 from fedsim.core.config import Scenario, component_params
 from fedsim.core.data import load_dataset
+from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec
-from fedsim.core.training import client_config_record, pick_device
-from fedsim.engine.audit.auditor import Auditor
-from fedsim.engine.audit.observe import ServerView
-from fedsim.engine.audit.portfolio import resolve_attacks
-from fedsim.engine.audit.wrapper import AuditedStrategy
-from fedsim.engine.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
-from fedsim.engine.discovery import discover_partitions
-from fedsim.engine.failures import FailurePlan, HideInjectedFailures, check_failures
-from fedsim.engine.flower import actor_pool_size, quiet_flower, waiting_nodes_polling
-from fedsim.engine.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
-from fedsim.engine.loop import RoundCallback, run_rounds
-from fedsim.engine.progress import Phases
-from fedsim.engine.report import write_run_report
-from fedsim.engine.resources import reserve_audit, start_ray
-from fedsim.engine.results import (
+from fedsim.core.training import client_config_record
+from fedsim.outputs.progress import Phases
+from fedsim.outputs.report import write_run_report
+from fedsim.outputs.results import (
     CLIENT_STATE_DIR,
     RunRecorder,
     new_run_dir,
@@ -41,8 +34,16 @@ from fedsim.engine.results import (
     write_scenario,
     write_summary,
 )
-from fedsim.engine.tensorboard import TensorBoardLog
-from fedsim.engine.validate import actor_count, ray_cpus, validate
+from fedsim.outputs.tensorboard import TensorBoardLog
+from fedsim.scenario.portfolio import resolve_attacks
+from fedsim.scenario.validate import actor_count, ray_cpus, validate
+from fedsim.simulation.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
+from fedsim.simulation.discovery import discover_partitions
+from fedsim.simulation.failures import FailurePlan, HideInjectedFailures, check_failures
+from fedsim.simulation.flower import actor_pool_size, quiet_flower, waiting_nodes_polling
+from fedsim.simulation.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
+from fedsim.simulation.loop import RoundCallback, run_rounds
+from fedsim.simulation.resources import reserve_audit, start_ray
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineServices, FedsimStrategy, ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -62,7 +63,7 @@ class RunResult:
 def backend_config(scenario: Scenario) -> dict[str, Any]:
     """Flower's backend config: the client actors' resources.
 
-    In a fedsim run Ray is already running (:func:`fedsim.engine.resources.start_ray`)
+    In a fedsim run Ray is already running (:func:`fedsim.simulation.resources.start_ray`)
     and Flower ignores ``init_args``; they matter only to benches that run a bare
     Flower app on the same CPUs.
     """
@@ -122,7 +123,7 @@ def serve(
     fed = scenario.federation
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     server = ServerResources(
-        scenario, load_dataset(scenario.data), pick_device(scenario.backend.num_gpus > 0)
+        scenario, load_dataset(scenario.data), gpu_if(scenario.backend.num_gpus > 0)
     )
     if phases:
         phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")
@@ -193,11 +194,11 @@ def run_scenario(
 ) -> RunResult:
     """Validate ``scenario`` and run it as a Flower simulation on Ray.
 
-    With ``resume`` (from :func:`fedsim.engine.checkpoint.open_resume`) the run
+    With ``resume`` (from :func:`fedsim.simulation.checkpoint.open_resume`) the run
     continues in the checkpoint's run directory after its last round. An
     ``out`` folder holding files is refused unless ``force`` (which clears the
     run files in it). SIGINT or SIGTERM at any point raises
-    :class:`~fedsim.engine.lifecycle.RunInterrupted` (see :class:`StopGuard`).
+    :class:`~fedsim.simulation.lifecycle.RunInterrupted` (see :class:`StopGuard`).
     """
     session = RaySession()
     guard = StopGuard(resume.run_dir if resume is not None else None)

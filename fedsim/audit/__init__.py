@@ -1,0 +1,21 @@
+"""The honest-but-curious server's per-round privacy audit.
+
+- :mod:`fedsim.audit.wrapper`: :class:`AuditedStrategy` wraps any Flower
+  strategy, leaves its aggregate untouched and hands what the server received
+  to the auditor.
+- :mod:`fedsim.audit.observe`: builds an :class:`~fedsim.attacks.base.Observation`
+  from exactly what the server sent and received.
+- :mod:`fedsim.audit.tasks`: an attack on a batch of observations, as a Ray task
+  inside the audit's reservation.
+- :mod:`fedsim.audit.auditor`: chooses victims, submits tasks, scores what comes
+  back against ground truth (:mod:`fedsim.core.truth`, out of band: it reaches
+  only the scorer) and writes the records.
+- :mod:`fedsim.audit.fidelity`: how well an attack's model of the client
+  reproduces what the server saw.
+- :mod:`fedsim.audit.experiment`: ``fedsim attack``, the same observe and score
+  path on a gradient probe outside a federation.
+"""
+
+from fedsim.audit.wrapper import AuditedStrategy
+
+__all__ = ["AuditedStrategy"]

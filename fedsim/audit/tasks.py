@@ -1,0 +1,116 @@
+"""The audit's attack tasks: one attack on a batch of observations, as a Ray task.
+
+A task receives observations only (:class:`~fedsim.attacks.base.Observation`),
+never ground truth, and runs inside the audit's reservation: a placement group
+of ``audit.workers`` bundles (named :data:`AUDIT_RESERVATION_NAME`) that the
+simulation holds for the whole run, so client actors can never take its CPUs
+or GPU share.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.precision import Precision, attack_precision
+from fedsim.core.config import ComponentConfig, component_params
+from fedsim.core.devices import gpu_if
+
+AUDIT_RESERVATION_NAME = "fedsim-audit"
+
+
+class ProgressBoard:
+    """A Ray actor (no CPU) collecting progress posts from attack tasks for the driver."""
+
+    def __init__(self) -> None:
+        self._posts: list[tuple[str, int, int, float]] = []
+
+    def post(self, key: str, step: int, total: int, best: float) -> None:
+        self._posts.append((key, step, total, best))
+
+    def take(self) -> list[tuple[str, int, int, float]]:
+        posts, self._posts = self._posts, []
+        return posts
+
+
+def start_board() -> Any:
+    """A :class:`ProgressBoard` actor in the running Ray cluster."""
+    return ray.remote(num_cpus=0)(ProgressBoard).remote()
+
+
+def board_reporter(board: Any, key: str) -> Any:
+    """An attack progress callback posting to ``board`` (fire and forget)."""
+
+    def report(step: int, total: int, best: float) -> None:
+        board.post.remote(key, step, total, best)
+
+    return report
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """Where one attack task ran and what it held there."""
+
+    device: str
+    gpu_seconds: float  # seconds the task held its GPU (0 on CPU)
+    peak_gpu_mb: float  # peak GPU memory allocated by the task (0 on CPU)
+
+
+def run_attack(
+    attack: ComponentConfig,
+    observations: Sequence[Observation],
+    seed: int,
+    want_gpu: bool,
+    threads: int,
+    precision: Precision = "float32",
+    progress: tuple[Any, str] | None = None,
+) -> tuple[list[Reconstruction], DeviceUse]:
+    """Run one attack on ``observations`` in one batched call (the body of a Ray task).
+
+    CUDA when asked for and present (a logical GPU on a machine without CUDA
+    runs on CPU), at full precision (:func:`~fedsim.attacks.precision.attack_precision`).
+    ``progress``: a :class:`~fedsim.outputs.progress.ProgressBoard` actor and this
+    task's key; the attack posts its progress there.
+    """
+    torch.set_num_threads(threads)
+    attack_cls = ATTACKS.get(attack.name)
+    params = component_params(attack_cls, attack, "audit.attacks")
+    device = gpu_if(want_gpu)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    runner = attack_cls(params, device=device)
+    if progress is not None:
+        runner.progress = board_reporter(*progress)
+    with attack_precision(precision):
+        recs = runner.reconstruct_many(observations, seed=seed)
+    if device.type != "cuda":
+        return recs, DeviceUse("cpu", 0.0, 0.0)
+    torch.cuda.synchronize(device)
+    peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    return recs, DeviceUse(
+        torch.cuda.get_device_name(device), time.perf_counter() - started, peak_mb
+    )
+
+
+# Typed Any: Ray's stubs type remote functions of at most five arguments.
+remote_attack: Any = ray.remote(run_attack)
+
+
+def audit_reservation() -> Any:
+    """The running audit's placement group, or ``None`` (no plan made, e.g. in-process tests)."""
+    from ray.util import get_placement_group
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return get_placement_group(AUDIT_RESERVATION_NAME)
+    except ValueError:
+        return None
