@@ -25,18 +25,18 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 from rich.console import Console
 
-from fedsim.audit.auditor import Auditor
-from fedsim.audit.observe import ServerView
-from fedsim.audit.wrapper import AuditedStrategy
+from fedsim.attacks import ATTACKS
+from fedsim.audit import AuditedStrategy, Auditor, ServerView
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
+from fedsim.core.components import resolve
 from fedsim.core.config import AuditConfig, ComponentConfig, scenario_from_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.gan import GanSplitNet, build_gan_split_net
 from fedsim.core.models import InputSpec
-from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.seeds import model_init_seed
 from fedsim.core.training import client_config_record
-from fedsim.strategies.fedcg import FedCG
+from fedsim.strategies import FedCG
 
 CLIENTS = 2
 SEED = 0
@@ -61,7 +61,7 @@ def server_app(run_dir: Path, rounds: int, distill_iterations: int) -> ServerApp
     def main(grid: Grid, context: Context) -> None:
         bundle = load_dataset(CLIENT_SIDE.data)
         spec = InputSpec(bundle.channels, bundle.image_size, bundle.num_classes)
-        seed = derive_seed(SeedStream.MODEL_INIT, SEED)
+        seed = model_init_seed(SEED)
 
         def network() -> GanSplitNet:
             return build_gan_split_net(CLIENT_SIDE.model, spec, seed)
@@ -73,11 +73,9 @@ def server_app(run_dir: Path, rounds: int, distill_iterations: int) -> ServerApp
             min_train_nodes=CLIENTS,
             min_available_nodes=CLIENTS,
         )
-        audit = AuditConfig(
-            enabled=True, attacks=(ComponentConfig("dlg", {"steps": 5, "restarts": 1}),)
-        )
+        dlg = resolve(ATTACKS, ComponentConfig("dlg", {"steps": 5, "restarts": 1}), "attack")
         view = ServerView(CLIENT_SIDE.model, spec, bundle.normalization, "fedcg")
-        auditor = Auditor(audit, view, None, run_dir, Console())
+        auditor = Auditor(AuditConfig(enabled=True), [dlg], view, None, run_dir, Console())
         shared = protocol.keep_prefixed(network().state_dict(), FedCG.shared_prefixes)
         AuditedStrategy(strategy, auditor).start(
             grid,

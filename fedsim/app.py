@@ -47,27 +47,18 @@ from fedsim.outputs.results import (
     write_summary,
 )
 from fedsim.scenario.validate import validate
+from fedsim.scenarios import scenario_path, shipped_scenarios
 from fedsim.simulation.flower import quiet_flower, simulated
 from fedsim.simulation.resources import KEEP_IDLE_WORKERS
 from fedsim.simulation.runner import serve
 from fedsim.strategies import STRATEGIES
 
-SHIPPED_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
-
-
-def scenario_path(name_or_path: str) -> Path:
-    """A shipped scenario's file by name, or ``name_or_path`` itself."""
-    shipped = SHIPPED_SCENARIOS / f"{name_or_path}.toml"
-    if "/" not in name_or_path and not name_or_path.endswith(".toml") and shipped.is_file():
-        return shipped
-    return Path(name_or_path)
-
 
 def scenario_from_run_config(run_config: Mapping[str, object]) -> Scenario:
     """The scenario a run config names (``scenario``), with its ``set`` overrides applied."""
     name = str(run_config.get("scenario", "") or "")
-    shipped = sorted(p.stem for p in SHIPPED_SCENARIOS.glob("*.toml"))
-    require(bool(name), "scenario", name, f"a scenario file or one of {', '.join(shipped)}")
+    shipped = ", ".join(shipped_scenarios())
+    require(bool(name), "scenario", name, f"a scenario file or one of {shipped}")
     overrides = [s.strip() for s in str(run_config.get("set", "") or "").split(";") if s.strip()]
     return load_scenario(scenario_path(name), overrides)
 
@@ -109,7 +100,8 @@ def main(grid: Grid, context: Context) -> None:
     """Run the scenario of ``context.run_config`` on ``grid`` and write its run directory."""
     console = Console(soft_wrap=True)
     quiet_flower()
-    scenario = validate(scenario_from_run_config(context.run_config))
+    components = validate(scenario_from_run_config(context.run_config))
+    scenario = components.scenario
     run_dir = new_run_dir(scenario, run_dir_of(scenario, context.run_config, context.run_id))
     write_scenario(scenario, run_dir)
     fed = scenario.federation
@@ -119,7 +111,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     _start_audit_ray(scenario, grid)
     recorder = RunRecorder(run_dir, fed.rounds, console)
-    arrays = serve(grid, scenario, recorder, console)
+    arrays = serve(grid, components, recorder, console)
     save_model(arrays, run_dir)
     console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
     console.print(f"report: {write_run_report(run_dir)}")

@@ -27,6 +27,7 @@ from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
 from fedsim.core.protocol import RoundRecord
 from fedsim.core.training import client_config_record
+from fedsim.scenario.validate import check_components
 from fedsim.simulation.discovery import discover_partitions
 from fedsim.simulation.flower import message_context
 from fedsim.simulation.loop import run_rounds
@@ -172,7 +173,7 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     nodes = discover_partitions(grid)  # type: ignore[arg-type]
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
     server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
-    strategy = build_strategy(scenario, sampler, server)
+    strategy = build_strategy(check_components(scenario), sampler, server)
     run = InProcessRun(strategy, grid, strategy.initial_arrays())
     run.final_arrays = run_rounds(
         strategy,

@@ -8,14 +8,13 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim.attacks import ATTACKS
+from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.analytic import AnalyticFC, AnalyticFCParams, read_linear_input
 from fedsim.attacks.base import Observation
 from fedsim.audit.experiment import gradient_probe
 from fedsim.audit.fidelity import MATCHED, fidelity_residual
 from fedsim.core.config import (
     ClientConfig,
-    ComponentConfig,
     DataConfig,
     ModelConfig,
     ScenarioError,
@@ -180,7 +179,7 @@ def test_analytic_fc_refuses_uploads_that_are_not_one_plain_sgd_step() -> None:
 def test_fidelity_residual_of_an_exact_fedsgd_upload_is_float_rounding() -> None:
     observation, truth, _ = fedsgd_update("mlp-2nn", 3, seed=1)
 
-    residual = fidelity_residual(ComponentConfig("analytic-fc"), observation, truth, seed=0)
+    residual = fidelity_residual(resolve_attack("analytic-fc"), observation, truth, seed=0)
 
     assert residual <= MATCHED
 

@@ -94,7 +94,7 @@ def _fedcg_observation() -> tuple[Observation, torch.Tensor, torch.Tensor]:
         global_params={k: sent[k] for k in classifier},
         train_config=one,
         num_examples=1,
-        extras={"uploads": {f"generator.{k}": v for k, v in generator.items()}},
+        extra_uploads={f"generator.{k}": v for k, v in generator.items()},
     )
     return fedcg, BUNDLE.normalization.to_pixels(BUNDLE.train_images[:1]), BUNDLE.train_labels[:1]
 
@@ -105,7 +105,7 @@ def test_aligned_dlg_uses_the_uploaded_generator_and_returns_a_reconstruction() 
     attack = attack_cls(parse_table(attack_cls.Params, {"steps": 5, "restarts": 1}))
 
     rec = attack.reconstruct(observation, seed=0)
-    without = dataclasses.replace(observation, extras={})
+    without = dataclasses.replace(observation, extra_uploads={})
 
     assert rec.images.shape == truth.shape
     assert torch.isfinite(torch.tensor(rec.final_objective))

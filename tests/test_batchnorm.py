@@ -13,13 +13,12 @@ import math
 import pytest
 import torch
 
-from fedsim.attacks import ATTACKS
+from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import Observation
 from fedsim.attacks.gradients import batchnorm_view, statistics_from_buffers
 from fedsim.audit.fidelity import fidelity_residual
 from fedsim.audit.observe import reveal_batch_statistics
-from fedsim.core import protocol
-from fedsim.core.config import ClientConfig, ComponentConfig, DataConfig, ModelConfig
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec, batch_statistics, build_model
 from fedsim.core.training import train_local
@@ -53,10 +52,8 @@ def _fedavg_step(count: int = 2) -> tuple[Observation, GroundTruth, dict[str, to
         normalization=BUNDLE.normalization,
         train_config=cfg,
         num_examples=count,
-        extras={
-            "uploads": {k: v for k, v in uploaded.items() if k not in names},
-            "sent": {k: v for k, v in sent_state.items() if k not in names},
-        },
+        extra_uploads={k: v for k, v in uploaded.items() if k not in names},
+        extra_sent={k: v for k, v in sent_state.items() if k not in names},
     )
     pixels = BUNDLE.normalization.to_pixels(images)
     return observation, GroundTruth(pixels, labels), truth_stats
@@ -80,7 +77,7 @@ def test_every_batchnorm_knowledge_models_a_train_mode_step_exactly(knowledge: s
         observation = reveal_batch_statistics(observation, truth)
 
     residual = fidelity_residual(
-        ComponentConfig("dlg", {"batchnorm": knowledge}), observation, truth, seed=0
+        resolve_attack("dlg", {"batchnorm": knowledge}), observation, truth, seed=0
     )
 
     assert residual < EXACT
@@ -100,7 +97,7 @@ def test_an_eval_mode_model_misreads_a_train_mode_update() -> None:
         },
     )
 
-    residual = fidelity_residual(ComponentConfig("dlg"), as_probe, truth, seed=0)
+    residual = fidelity_residual(resolve_attack("dlg"), as_probe, truth, seed=0)
 
     assert batchnorm_view(as_probe, "none") == "sent-running"
     assert residual > 0.1  # measured about 1 on this untrained ResNet-18
@@ -108,7 +105,7 @@ def test_an_eval_mode_model_misreads_a_train_mode_update() -> None:
 
 def test_missing_knowledge_is_refused_with_what_is_allowed() -> None:
     observation, _, _ = _fedavg_step()
-    no_buffers = dataclasses.replace(observation, extras={"sent": observation.extras["sent"]})
+    no_buffers = dataclasses.replace(observation, extra_uploads={})
 
     with pytest.raises(ValueError, match="needs the victim batch's statistics"):
         batchnorm_view(observation, "known")
@@ -131,4 +128,4 @@ def test_the_audit_row_names_the_batchnorm_threat_model() -> None:
     assert batchnorm_view(known, "known") == "known-batch"
     lenet = dataclasses.replace(observation, model=ModelConfig("lenet-zhu"))
     assert batchnorm_view(lenet, "known") == "no-batchnorm"
-    assert protocol.BATCH_STATISTICS not in observation.extras  # never added behind its back
+    assert observation.batch_statistics is None  # never added behind its back

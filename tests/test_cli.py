@@ -8,8 +8,8 @@ import pytest
 
 from fedsim import fedsim_version
 from fedsim.cli import main
-from fedsim.commands import scenario_path, shipped_scenarios
 from fedsim.commands.list import KINDS, _registries
+from fedsim.scenarios import scenario_path, shipped_scenarios
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

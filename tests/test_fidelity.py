@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
+from fedsim.attacks import resolve_attack
 from fedsim.attacks.base import Observation
 from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.audit.fidelity import MATCHED, fidelity_residual, residual_note
@@ -24,7 +25,6 @@ from fedsim.clients.fedprox import proximal_loss
 from fedsim.core import protocol
 from fedsim.core.config import (
     ClientConfig,
-    ComponentConfig,
     DataConfig,
     ModelConfig,
     load_scenario,
@@ -47,7 +47,7 @@ def _update(
     cfg: ClientConfig,
     count: int,
     loss_fn: Callable[[SplitNet], LossFn] | None = None,
-    sent_config: dict[str, float] | None = None,
+    proximal_mu: float = 0.0,
     seed: int = 0,
 ) -> tuple[Observation, GroundTruth]:
     """A client's real update on ``count`` digits; the truth in its batch order."""
@@ -73,13 +73,13 @@ def _update(
         normalization=BUNDLE.normalization,
         train_config=dataclasses.replace(cfg, local_steps=-(-count // cfg.batch_size)),
         num_examples=count,
-        extras={protocol.CONFIG: dict(sent_config or {})},
+        proximal_mu=proximal_mu,
     )
     return observation, GroundTruth(BUNDLE.normalization.to_pixels(images), labels)
 
 
 def _residual(name: str, observation: Observation, truth: GroundTruth, **params: object) -> float:
-    return fidelity_residual(ComponentConfig(name, params), observation, truth, seed=0)
+    return fidelity_residual(resolve_attack(name, params), observation, truth, seed=0)
 
 
 @pytest.mark.parametrize("name", ["dlg", "sapag", "inverting-gradients"])
@@ -102,7 +102,7 @@ def test_multi_step_fedavg_needs_the_unrolled_model() -> None:
     # Three steps of lr 0.1 read as one: measured 1.15-1.24 on LeNet-Zhu (U(-0.5, 0.5)).
     assert one_step > 100 * MATCHED
     assert not_unrolled > 100 * MATCHED
-    assert residual_note(one_step, ComponentConfig("dlg"), observation, "no-batchnorm") == (
+    assert residual_note(one_step, resolve_attack("dlg"), observation, "no-batchnorm") == (
         "3-step update read as one gradient step"
     )
 
@@ -113,20 +113,22 @@ def test_fedprox_is_modelled_exactly_with_the_sent_mu() -> None:
         ClientConfig(batch_size=1, lr=0.1),
         count=3,
         loss_fn=lambda model: proximal_loss(model, mu),
-        sent_config={protocol.PROXIMAL_MU: mu},
+        proximal_mu=mu,
     )
-    without_mu = dataclasses.replace(observation, extras={})
+    without_mu = dataclasses.replace(observation, proximal_mu=0.0)
 
     assert _residual("unrolled-dlg", observation, truth) < EXACT
     assert _residual("unrolled-dlg", without_mu, truth) > 10 * MATCHED
 
 
-def _classifier_only(observation: Observation, **extras: object) -> Observation:
+def _classifier_only(
+    observation: Observation, uploads: dict[str, torch.Tensor] | None = None
+) -> Observation:
     """What a FedSplit/FedCG server holds: the classifier's update, not the extractor."""
     classifier = protocol.keep_prefixed(observation.shared, (protocol.CLASSIFIER,))
     sent = protocol.keep_prefixed(observation.global_params, (protocol.CLASSIFIER,))
     return dataclasses.replace(
-        observation, shared=classifier, global_params=sent, extras=dict(extras)
+        observation, shared=classifier, global_params=sent, extra_uploads=dict(uploads or {})
     )
 
 
@@ -144,7 +146,7 @@ def test_fedsplit_classifier_is_exact_only_with_the_clients_extractor() -> None:
     assert _residual("dlg", _with_known_extractor(fedsplit, full), truth) < EXACT
     # The random estimate E~ gives a classifier gradient of other features: measured 1.0-1.3.
     assert estimated > 0.1
-    assert residual_note(estimated, ComponentConfig("dlg"), fedsplit, "no-batchnorm").startswith(
+    assert residual_note(estimated, resolve_attack("dlg"), fedsplit, "no-batchnorm").startswith(
         "private layers"
     )
 
@@ -179,12 +181,12 @@ def test_a_noise_defence_shows_as_a_large_residual_and_says_why() -> None:
 
     clean = _residual("dlg", observation, truth)
     residual = _residual("dlg", noisy, truth)
-    note = residual_note(residual, ComponentConfig("dlg"), noisy, "no-batchnorm")
+    note = residual_note(residual, resolve_attack("dlg"), noisy, "no-batchnorm")
 
     assert clean < EXACT
     assert residual > 100 * MATCHED
     assert "defence" in note
-    assert residual_note(clean, ComponentConfig("dlg"), observation, "no-batchnorm") == ""
+    assert residual_note(clean, resolve_attack("dlg"), observation, "no-batchnorm") == ""
 
 
 def test_attacks_without_a_client_model_record_nan() -> None:

@@ -21,8 +21,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedsim.app import run_dir_of, scenario_from_run_config, scenario_path
+from fedsim.app import run_dir_of, scenario_from_run_config
 from fedsim.core.config import ScenarioError, load_scenario
+from fedsim.scenarios import scenario_path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

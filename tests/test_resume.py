@@ -45,6 +45,7 @@ from fedsim.outputs.results import (
     new_run_dir,
     write_scenario,
 )
+from fedsim.scenario.validate import check_components
 from fedsim.simulation.checkpoint import (
     MANIFEST_FILE,
     STATE_FILE,
@@ -226,7 +227,8 @@ def serve_in_process(
     recorder = RunRecorder(run_dir, scenario.federation.rounds, QUIET)
     callbacks = (CrashAt(crash_at),) if crash_at else ()
     with message_context():
-        return serve(grid, scenario, recorder, QUIET, callbacks, resume)  # type: ignore[arg-type]
+        components = check_components(scenario)
+        return serve(grid, components, recorder, QUIET, callbacks, resume)  # type: ignore[arg-type]
 
 
 def fresh_run_dir(scenario: Scenario, path: Path) -> Path:

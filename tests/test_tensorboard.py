@@ -24,6 +24,7 @@ from fedsim.outputs.results import (
     audit_image_name,
     new_run_dir,
 )
+from fedsim.scenario.validate import check_components
 from fedsim.simulation.flower import message_context
 from fedsim.simulation.runner import serve
 from fedsim.strategies import STRATEGIES
@@ -46,7 +47,7 @@ def test_scalars_per_round_and_audit_grids_reach_tensorboard(tmp_path: Path) -> 
     recorder = RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
 
     with message_context():
-        serve(grid, scenario, recorder, Console(quiet=True))  # type: ignore[arg-type]
+        serve(grid, check_components(scenario), recorder, Console(quiet=True))  # type: ignore[arg-type]
 
     events = EventAccumulator(str(run_dir / TENSORBOARD_DIR), size_guidance={"images": 0})
     events.Reload()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy.stats import bootstrap
 
-from fedsim.attacks import ATTACKS
+from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.optim import BatchedAdamW
@@ -24,7 +24,7 @@ from fedsim.audit.experiment import (
     run_attack_experiment,
 )
 from fedsim.audit.fidelity import attacker_residual
-from fedsim.core.config import AUTO, ComponentConfig, ScenarioError, load_scenario
+from fedsim.core.config import AUTO, ScenarioError, load_scenario
 from fedsim.core.metrics import median_interval, success_interval
 from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord
 from fedsim.outputs.verdict import round_verdict, victim_verdict, victim_verdicts
@@ -263,7 +263,12 @@ def test_auto_is_the_default_and_an_explicit_list_runs_as_given() -> None:
     )
 
     assert load_scenario(REPO / "scenarios" / "failures.toml").audit.attacks == AUTO
-    assert resolve_attacks(scenario, None) == (ComponentConfig("dlg"),)
+    (dlg,) = resolve_attacks(scenario, None)
+    assert (dlg.name, dlg.params, dlg.key) == (
+        "dlg",
+        resolve_attack("dlg").params,
+        "audit.attacks[0]",
+    )
 
 
 @pytest.mark.parametrize(
@@ -298,11 +303,11 @@ def test_attacker_residual_needs_no_truth_and_is_zero_on_the_true_batch() -> Non
     rec = DLG(DLGParams(steps=1, restarts=1)).reconstruct(probe.observation)
     exact = dataclasses.replace(rec, images=probe.truth.images, labels=probe.truth.labels)
 
-    attack = ComponentConfig("dlg", {"steps": 1, "restarts": 1})
+    attack = resolve_attack("dlg", {"steps": 1, "restarts": 1})
     assert attacker_residual(attack, probe.observation, exact, 0) < 1e-6  # measured 0.0
     # Measured 5.2e-4 for DLG's one-step noise (and 6.8e-4 for a flat grey image): this
     # LeNet-5's gradient barely depends on the image in relative L2, so the attacker's
     # residual orders reconstructions but is a weak judge of them (docs/audit.md).
     assert attacker_residual(attack, probe.observation, rec, 0) > 1e-5
-    grnn = ComponentConfig("grnn", {"steps": 1})  # no model of the client: DLG's is used
+    grnn = resolve_attack("grnn", {"steps": 1})  # no model of the client: DLG's is used
     assert attacker_residual(grnn, probe.observation, exact, 0) < 1e-6

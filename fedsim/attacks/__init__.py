@@ -3,12 +3,40 @@
 An attack sees only an :class:`~fedsim.attacks.base.Observation` (what the server
 received and sent) and returns a :class:`~fedsim.attacks.base.Reconstruction`.
 Ground truth never enters this package; scoring lives in :mod:`fedsim.core.metrics`.
+
+The public classes at package level::
+
+    from fedsim.attacks import DLG, InvertingGradients, Observation, create_attack
 """
 
 from __future__ import annotations
 
-from typing import Any
+from fedsim.attacks.aligned import AlignedDLG
+from fedsim.attacks.analytic import AnalyticFC
+from fedsim.attacks.base import Attack, Observation, Reconstruction, create_attack
+from fedsim.attacks.dlg import DLG
+from fedsim.attacks.grnn import GRNN
+from fedsim.attacks.ig import InvertingGradients
+from fedsim.attacks.registry import ATTACKS, resolve_attack
+from fedsim.attacks.rgap import RGAP
+from fedsim.attacks.sapag import SAPAG
+from fedsim.attacks.spear import Spear
+from fedsim.attacks.unrolled import UnrolledDLG
 
-from fedsim.core.registry import Registry
-
-ATTACKS: Registry[Any] = Registry("attack", ("fedsim.attacks",))
+__all__ = [
+    "ATTACKS",
+    "DLG",
+    "GRNN",
+    "RGAP",
+    "SAPAG",
+    "AlignedDLG",
+    "AnalyticFC",
+    "Attack",
+    "InvertingGradients",
+    "Observation",
+    "Reconstruction",
+    "Spear",
+    "UnrolledDLG",
+    "create_attack",
+    "resolve_attack",
+]

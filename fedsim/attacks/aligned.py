@@ -21,10 +21,10 @@ from typing import Literal
 import torch
 from torch.func import functional_call
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.matching import MatchingProblem
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, require
 from fedsim.core.gan import NOISE_DIM, build_generator
@@ -78,7 +78,7 @@ class AlignedDLG(DLG):
     ) -> dict[str, torch.Tensor]:
         """Per-channel mean and std of the uploaded generator's features for the inferred labels."""
         assert labels is not None  # Params forces inferred labels
-        uploads = observation.extras.get("uploads", {})
+        uploads = observation.extra_uploads
         state = {
             k[len(protocol.GENERATOR) :]: v
             for k, v in uploads.items()

@@ -48,7 +48,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.gradients import (
     batch_gradient,
@@ -59,6 +58,7 @@ from fedsim.attacks.gradients import (
 )
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.optim import BatchedAdamW
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import ClientConfig, Scenario, require
 from fedsim.core.models import InputSpec, SplitNet, build_model
 

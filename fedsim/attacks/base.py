@@ -3,9 +3,11 @@
 An :class:`Observation` holds exactly what an honest-but-curious server has:
 the round, the victim's upload (only the parameters the strategy shares), the
 global parameters it sent, the public training config, the architecture and
-the public data pipeline, plus extra uploads some strategies carry (FedCG's
-generator). It has no field for images or labels, so an attack cannot reach
-ground truth through it.
+the public data pipeline, plus the tensors beyond the model's parameters that
+were uploaded (FedCG's generator, BatchNorm buffers) or sent. It has no field
+for images or labels, so an attack cannot reach ground truth through it; the
+one deliberate exception, ``batch_statistics``, is granted only to an attack
+whose premise is knowing them (``batchnorm = "known"``) and is recorded so.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ class Observation:
     train_config: ClientConfig
     num_examples: int
     strategy: str = "fedavg"
-    extras: dict[str, Any] = field(default_factory=dict)
+    proximal_mu: float = 0.0  # FedProx's mu, sent with the round's config
+    extra_uploads: dict[str, torch.Tensor] = field(default_factory=dict)
+    extra_sent: dict[str, torch.Tensor] = field(default_factory=dict)
+    batch_statistics: dict[str, torch.Tensor] | None = None  # the "known" attacker's premise
 
     @property
     def shared_names(self) -> list[str]:
@@ -150,9 +155,7 @@ def create_attack(
     keys and bad values raise :class:`~fedsim.core.config.ScenarioError` naming
     ``key.<field>``); absent keys keep the paper's defaults.
     """
-    from fedsim.attacks import ATTACKS
-    from fedsim.core.config import parse_table
+    from fedsim.attacks.registry import resolve_attack
 
-    cls = ATTACKS.get(name)
-    attack: Attack = cls(parse_table(cls.Params, dict(params or {}), key), device=device)
+    attack: Attack = resolve_attack(name, params, key).create(device=torch.device(device))
     return attack

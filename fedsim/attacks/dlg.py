@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.matching import GradientMatchingAttack, MatchingParams
+from fedsim.attacks.registry import ATTACKS
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from torch import nn
 from torch.func import functional_call
 
 from fedsim.attacks.base import Observation
-from fedsim.core import protocol
 from fedsim.core.models import SplitNet, batchnorm_counts, batchnorm_layers, build_model
 from fedsim.core.seeds import SeedStream, derive_seed
 
@@ -76,14 +75,15 @@ def batchnorm_targets(
     if view == "uploaded-buffers":
         return statistics_from_buffers(observation, model)
     if view == "known-batch":
-        return dict(observation.extras[protocol.BATCH_STATISTICS])
+        assert observation.batch_statistics is not None  # batchnorm_view checked
+        return dict(observation.batch_statistics)
     return {}
 
 
 def _sent_buffers(
     observation: Observation, buffers: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    sent = observation.extras.get("sent", {})
+    sent = observation.extra_sent
     return {n: v.to(buffers[n].dtype) for n, v in sent.items() if n in buffers}
 
 
@@ -109,15 +109,14 @@ def batchnorm_view(observation: Observation, batchnorm: BatchNormKnowledge) -> s
     if observation.shared_kind == "gradient":
         return "sent-running"
     if batchnorm == "known":
-        if protocol.BATCH_STATISTICS not in observation.extras:
+        if observation.batch_statistics is None:
             raise ValueError(
                 'batchnorm = "known" needs the victim batch\'s statistics in the observation '
-                f"(extras[{protocol.BATCH_STATISTICS!r}]); this one has none"
+                "(batch_statistics); this one has none"
             )
         return "known-batch"
     if batchnorm == "buffers":
-        uploads = observation.extras.get("uploads", {})
-        if not any(n.endswith(".running_mean") for n in uploads):
+        if not any(n.endswith(".running_mean") for n in observation.extra_uploads):
             raise ValueError(
                 'batchnorm = "buffers" needs the running buffers in the upload; strategy '
                 f"{observation.strategy!r} did not upload any (allowed here: none, known)"
@@ -133,7 +132,7 @@ def statistics_from_buffers(observation: Observation, model: SplitNet) -> dict[s
     when every step's batch has the same mean; the variance buffer holds the
     unbiased variance, turned back into the biased one the forward used.
     """
-    uploads, sent = observation.extras["uploads"], observation.extras["sent"]
+    uploads, sent = observation.extra_uploads, observation.extra_sent
     steps = max(1, local_steps_taken(observation))
     batch = min(observation.num_examples, observation.train_config.batch_size)
     spec = observation.input_spec

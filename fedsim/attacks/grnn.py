@@ -35,11 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
 from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.gradients import batch_gradient, target_gradient, victim_model
 from fedsim.attacks.labels import infer_labels, label_method
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 from fedsim.core.data import Normalization
 from fedsim.core.models import SplitNet

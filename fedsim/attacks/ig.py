@@ -33,7 +33,6 @@ from typing import Literal
 
 import torch
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.gradients import local_steps_taken
 from fedsim.attacks.matching import (
@@ -44,6 +43,7 @@ from fedsim.attacks.matching import (
     replay_local_training,
     require_replayable,
 )
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 
 

@@ -49,7 +49,6 @@ from fedsim.attacks.gradients import (
 )
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
-from fedsim.core import protocol
 from fedsim.core.config import require
 from fedsim.core.models import SplitNet, recording_batch_statistics
 from fedsim.core.seeds import SeedStream, derive_seed
@@ -171,9 +170,7 @@ class LocalSchedule:
     @classmethod
     def of(cls, observation: Observation) -> LocalSchedule:
         cfg = observation.train_config
-        sent = observation.extras.get(protocol.CONFIG, {})
-        mu = float(sent.get(protocol.PROXIMAL_MU, 0.0))
-        return cls(cfg.lr, local_steps_taken(observation), cfg.batch_size, mu)
+        return cls(cfg.lr, local_steps_taken(observation), cfg.batch_size, observation.proximal_mu)
 
 
 @dataclass(frozen=True)

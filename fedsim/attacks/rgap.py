@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import jacrev
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.analytic import (
     AnalyticAttack,
     exact_gradient,
@@ -52,6 +51,7 @@ from fedsim.attacks.analytic import (
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.gradients import victim_model
 from fedsim.attacks.labels import infer_labels, label_method
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import Scenario, require
 
 Weighted = nn.Conv2d | nn.Linear

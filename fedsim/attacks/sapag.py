@@ -26,8 +26,8 @@ from typing import ClassVar, Literal
 
 import torch
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.matching import GradientMatchingAttack, MatchingParams
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 
 

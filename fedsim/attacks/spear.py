@@ -42,7 +42,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.analytic import (
     AnalyticAttack,
     exact_gradient,
@@ -55,6 +54,7 @@ from fedsim.attacks.analytic import (
 )
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.gradients import soft_cross_entropy, victim_model
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import Scenario, require
 from fedsim.core.seeds import SeedStream, derive_seed
 

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import torch
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.matching import (
@@ -24,6 +23,7 @@ from fedsim.attacks.matching import (
     replay_local_training,
     require_replayable,
 )
+from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import Scenario, require
 
 

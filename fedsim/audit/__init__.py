@@ -16,6 +16,8 @@
   path on a gradient probe outside a federation.
 """
 
+from fedsim.audit.auditor import Auditor
+from fedsim.audit.observe import ServerView
 from fedsim.audit.wrapper import AuditedStrategy
 
-__all__ = ["AuditedStrategy"]
+__all__ = ["AuditedStrategy", "Auditor", "ServerView"]

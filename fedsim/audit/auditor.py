@@ -26,9 +26,9 @@ run ends.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,12 +40,12 @@ from rich.console import Console
 from torchvision.utils import save_image
 
 from fedsim.attacks.base import Observation, Reconstruction
-from fedsim.audit.fidelity import attacker_residual, fidelity_residual, residual_note
 from fedsim.audit.observe import ServerView, observe_reply, reveal_batch_statistics
+from fedsim.audit.scoring import score_attack
 from fedsim.audit.tasks import DeviceUse, audit_reservation, remote_attack, start_board
 from fedsim.core import protocol
-from fedsim.core.config import AuditConfig, ComponentConfig
-from fedsim.core.metrics import score_reconstruction
+from fedsim.core.components import Resolved
+from fedsim.core.config import AuditConfig
 from fedsim.core.protocol import AuditRecord, RoundRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.training import client_config_from_record, examples_touched
@@ -76,7 +76,7 @@ class _Victim:
 @dataclass
 class _Job:
     round: int
-    attack: ComponentConfig
+    attack: Resolved
     victims: list[_Victim]
     submitted: float
 
@@ -85,10 +85,10 @@ class _Job:
         return "client " + "/".join(str(v.client) for v in self.victims)
 
 
-def _as_seen_by(attack: ComponentConfig, victim: _Victim) -> _Victim:
+def _as_seen_by(attack: Resolved, victim: _Victim) -> _Victim:
     """The victim as ``attack`` observes it: an attack with ``batchnorm = "known"``
     is granted the batch statistics (its premise), no other attack is."""
-    if victim.truth is not None and attack.params.get("batchnorm") == "known":
+    if victim.truth is not None and getattr(attack.params, "batchnorm", None) == "known":
         return replace(
             victim, observation=reveal_batch_statistics(victim.observation, victim.truth)
         )
@@ -101,25 +101,23 @@ class Auditor:
     def __init__(
         self,
         cfg: AuditConfig,
+        attacks: Sequence[Resolved],
         view: ServerView,
         truth: TruthSource | None,
         run_dir: Path,
         console: Console,
     ) -> None:
-        """``truth``: where the scorer learns what victims trained on (from the
-        harness, which knows the clients); without one, reconstructions are
-        recorded unscored and the ``probe`` threat model is unavailable."""
+        """``attacks``: the audit's, resolved (:func:`fedsim.scenario.portfolio.resolve_attacks`;
+        ``cfg.attacks`` is not read). ``truth``: where the scorer learns what victims
+        trained on (from the harness, which knows the clients); without one,
+        reconstructions are recorded unscored and the ``probe`` threat model is
+        unavailable."""
         if truth is None and cfg.threat_model == "probe":
             raise ValueError(
                 "the probe threat model computes client gradients: it needs a truth source"
             )
-        if isinstance(cfg.attacks, str):
-            raise ValueError(
-                f"audit.attacks = {cfg.attacks!r}: resolve it first "
-                "(fedsim.scenario.portfolio.resolve_attacks)"
-            )
         self.cfg = cfg
-        self.attacks: tuple[ComponentConfig, ...] = cfg.attacks
+        self.attacks = tuple(attacks)
         self.view = view
         self.truth = truth
         self.run_dir = run_dir
@@ -197,7 +195,7 @@ class Auditor:
             for first in range(tasks):
                 self._submit(_Job(server_round, attack, seen[first::tasks], 0.0))
 
-    def _label(self, attack: ComponentConfig) -> str:
+    def _label(self, attack: Resolved) -> str:
         """The attack's name, numbered by its place in ``audit.attacks`` when the
         name occurs more than once (e.g. one attack under several threat models)."""
         names = [a.name for a in self.attacks]
@@ -311,46 +309,11 @@ class Auditor:
             )
 
     def _record(self, job: _Job, victim: _Victim, rec: Reconstruction, use: DeviceUse) -> None:
-        obs = victim.observation
-        truth = victim.truth
-        score, residual = None, math.nan
-        if truth is not None:
-            score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
-            # The task's seed: a victim batched with others may have drawn other
-            # random estimates (of private layers only), which the residual shows anyway.
-            residual = fidelity_residual(job.attack, obs, truth, self._seed(job.round))
-        batchnorm = str(rec.details.get("batchnorm", "not-modelled"))
+        obs, truth = victim.observation, victim.truth
         label = self._label(job.attack)
-        record = AuditRecord(
-            round=job.round,
-            client=victim.client,
-            strategy=obs.strategy,
-            attack=label,
-            threat_model=obs.threat_model,
-            shared_kind=obs.shared_kind,
-            parameters_observed=sum(t.numel() for t in obs.shared.values()),
-            tensors_observed=len(obs.shared),
-            batch_size=obs.num_examples,
-            psnr=score.psnr if score else math.nan,
-            ssim=score.ssim if score else math.nan,
-            mse=score.mse if score else math.nan,
-            label_acc=score.label_accuracy if score else math.nan,
-            iterations=rec.iterations,
-            steps_taken=rec.steps_taken,
-            converged=rec.converged,
-            restarts=rec.restarts,
-            diverged_restarts=int(rec.details.get("diverged_restarts", 0)),
-            final_objective=rec.final_objective,
-            seconds=rec.seconds,
-            wall_seconds=time.perf_counter() - job.submitted,
-            attack_params=repr(job.attack.params),
-            batchnorm=batchnorm,
-            fidelity_residual=residual,
-            fidelity_note=residual_note(residual, job.attack, obs, batchnorm),
-            attacker_residual=attacker_residual(job.attack, obs, rec, self._seed(job.round)),
-            device=use.device,
-            gpu_seconds=use.gpu_seconds,
-            peak_gpu_mb=use.peak_gpu_mb,
+        wall = time.perf_counter() - job.submitted
+        record, score = score_attack(
+            job.attack, label, obs, truth, rec, self._seed(job.round), use, wall
         )
         folder = self.run_dir / AUDIT_IMAGES
         folder.mkdir(exist_ok=True)

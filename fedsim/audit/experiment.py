@@ -36,6 +36,11 @@ from torch import nn
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
 from fedsim.attacks.precision import Precision, attack_precision
+from fedsim.attacks.registry import resolve_attack
+from fedsim.audit.observe import ServerView
+from fedsim.audit.scoring import score_attack
+from fedsim.audit.tasks import DeviceUse
+from fedsim.core.components import Resolved
 from fedsim.core.config import (
     ClientConfig,
     DataConfig,
@@ -43,17 +48,15 @@ from fedsim.core.config import (
     ScenarioError,
     first_line,
     lookup,
-    parse_table,
     require,
     require_image_size,
     scenario_from_dict,
-    to_table,
 )
 from fedsim.core.data import DATASETS, DatasetBundle, Normalization, load_dataset
 from fedsim.core.devices import pick_device
-from fedsim.core.metrics import ReconstructionScore, score_reconstruction
+from fedsim.core.metrics import ReconstructionScore
 from fedsim.core.models import INITS, MODELS, InputSpec, build_model
-from fedsim.core.protocol import kebab
+from fedsim.core.protocol import AuditRecord, kebab
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.truth import GroundTruth, probe_gradient
 from fedsim.outputs.figures import draw_pairs, scored_pairs
@@ -118,19 +121,16 @@ def gradient_probe(
     shared = gradient
     if shared_kind == "update":
         shared = {n: global_params[n] - config.lr * g for n, g in gradient.items()}
-    observation = Observation(
-        round=round,
-        client_id=client_id,
-        threat_model="probe",
+    view = ServerView(model_config, input_spec, normalization, strategy)
+    observation = view.observe(
+        round,
+        client_id,
+        "probe",
+        shared,
+        global_params,
+        config,
+        len(inputs),
         shared_kind=shared_kind,
-        shared=shared,
-        global_params=global_params,
-        model=model_config,
-        input_spec=input_spec,
-        normalization=normalization,
-        train_config=config,
-        num_examples=len(inputs),
-        strategy=strategy,
     )
     truth = GroundTruth(normalization.to_pixels(inputs.detach().cpu()).clamp(0, 1), labels.cpu())
     return Probe(observation, truth)
@@ -198,7 +198,7 @@ class AttackExperiment:
         )
         check_model_fits(self.model, self.image_size, self.channels == "rgb", "--image-size")
         pick_device(self.device, "--device")
-        self.attack_params()  # validated up front
+        self.resolved_attack()  # validated up front
         # The probe is a whole model's gradient, as FedAvg's server sees it (uploads: all).
         probed = scenario_from_dict(
             {
@@ -209,48 +209,41 @@ class AttackExperiment:
         )
         lookup(ATTACKS, self.attack, "--attack").check_scenario(probed, None, "--attack")
 
-    def attack_params(self) -> Any:
-        """The attack's frozen ``Params`` from :attr:`params`."""
-        return parse_table(lookup(ATTACKS, self.attack, "--attack").Params, self.params, "attack")
+    def resolved_attack(self) -> Resolved:
+        """The attack and its frozen ``Params`` from :attr:`params`."""
+        lookup(ATTACKS, self.attack, "--attack")  # an unknown name is --attack's error
+        return resolve_attack(self.attack, self.params, "attack")
 
     def settings(self) -> dict[str, Any]:
         """Every setting, the attack's defaults filled in (what ``attack.toml`` holds)."""
         run = {kebab(k): v for k, v in dataclasses.asdict(self).items() if v is not None}
         run.pop("params")
-        return {"run": run, "params": to_table(self.attack_params())}
+        return {"run": run, "params": self.resolved_attack().table()}
 
 
 @dataclass
 class AttackOutcome:
-    """What an experiment produced: per batch its probe, reconstruction and score."""
+    """What an experiment produced: per batch its probe, reconstruction, score and record."""
 
     experiment: AttackExperiment
     images: list[list[int]]  # dataset indices of each batch
     probes: list[Probe]
     reconstructions: list[Reconstruction]
     scores: list[ReconstructionScore]
+    records: list[AuditRecord]  # the audit's schema: client = batch
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row a batch: ``results.csv``'s columns."""
+        """One row a batch: ``results.csv``'s columns, ``audit.csv``'s after the batch's."""
         return [
             {
                 "batch": b,
                 "images": " ".join(map(str, idx)),
                 "labels": " ".join(str(int(v)) for v in probe.truth.labels),
                 "predicted": " ".join(str(int(v)) for v in rec.labels),
-                "psnr": score.psnr,
-                "ssim": score.ssim,
-                "mse": score.mse,
-                "label-acc": score.label_accuracy,
-                "final-objective": rec.final_objective,
-                "seconds": rec.seconds,
-                "restarts": rec.restarts,
-                "steps": rec.iterations,
-                "steps-taken": rec.steps_taken,
-                "converged": rec.converged,
+                **record.to_row(),
             }
-            for b, (idx, probe, rec, score) in enumerate(
-                zip(self.images, self.probes, self.reconstructions, self.scores, strict=True)
+            for b, (idx, probe, rec, record) in enumerate(
+                zip(self.images, self.probes, self.reconstructions, self.records, strict=True)
             )
         ]
 
@@ -340,10 +333,9 @@ def run_attack_experiment(
 ) -> AttackOutcome:
     """Probe, attack (``parallel`` batches at a time) and score every batch;
     with ``console``, print the attack's progress."""
-    attack_cls = lookup(ATTACKS, experiment.attack, "--attack")
-    attack: Attack = attack_cls(
-        experiment.attack_params(), device=pick_device(experiment.device, "--device")
-    )
+    resolved = experiment.resolved_attack()
+    device = pick_device(experiment.device, "--device")
+    attack: Attack = resolved.create(device=device)
     probes, batches = experiment_probes(experiment)
     seed = derive_seed(SeedStream.ATTACK, experiment.seed, 0, 0)
     threads = torch.get_num_threads()
@@ -360,11 +352,17 @@ def run_attack_experiment(
                 recs += attack.reconstruct_many(chunk, seed=seed)
     finally:
         torch.set_num_threads(threads)
-    scores = [
-        score_reconstruction(rec.images, probe.truth.images, rec.labels, probe.truth.labels)
-        for probe, rec in zip(probes, recs, strict=True)
+    use = DeviceUse(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", 0, 0)
+    label = experiment.attack
+    scored = [
+        score_attack(
+            resolved, experiment.attack, p.observation, p.truth, rec, seed, use, rec.seconds
+        )
+        for p, rec in zip(probes, recs, strict=True)
     ]
-    return AttackOutcome(experiment, batches, probes, recs, scores)
+    scores = [s.score for s in scored if s.score is not None]
+    records = [s.record for s in scored]
+    return AttackOutcome(experiment, batches, probes, recs, scores, records)
 
 
 def write_attack_outputs(outcome: AttackOutcome, out: Path) -> None:

@@ -25,13 +25,12 @@ import math
 
 import torch
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.gradients import local_steps_taken
 from fedsim.attacks.matching import GradientMatchingAttack
-from fedsim.core.config import ComponentConfig, component_params
+from fedsim.core.components import Resolved
 from fedsim.core.models import build_model
 from fedsim.core.truth import GroundTruth
 
@@ -40,21 +39,20 @@ MATCHED = 1e-4
 
 
 def fidelity_residual(
-    attack: ComponentConfig, observation: Observation, truth: GroundTruth, seed: int
+    attack: Resolved, observation: Observation, truth: GroundTruth, seed: int
 ) -> float:
     """The attack's residual on the true batch; NaN for attacks without a model of the client."""
-    attack_cls = ATTACKS.get(attack.name)
     # Analytic attacks model the client as one gradient step (exact for FedSGD and probes).
-    if not issubclass(attack_cls, GradientMatchingAttack | AnalyticAttack):
+    if not issubclass(attack.cls, GradientMatchingAttack | AnalyticAttack):
         return math.nan  # e.g. GRNN: its generator, not a client model, produces the dummy
-    instance = attack_cls(component_params(attack_cls, attack, "audit.attacks"))
+    instance = attack.create()
     with torch.no_grad():
         images, labels = truth.images.float(), truth.labels.long()
     return instance.fidelity_residual(observation, images, labels, seed)
 
 
 def attacker_residual(
-    attack: ComponentConfig, observation: Observation, rec: Reconstruction, seed: int
+    attack: Resolved, observation: Observation, rec: Reconstruction, seed: int
 ) -> float:
     """The residual of the attack's own reconstruction: computable without the truth.
 
@@ -63,26 +61,20 @@ def attacker_residual(
     attacks on one victim, the lowest is the reconstruction the attacker
     itself would pick.
     """
-    attack_cls = ATTACKS.get(attack.name)
-    model: GradientMatchingAttack
-    if issubclass(attack_cls, GradientMatchingAttack):
-        model = attack_cls(component_params(attack_cls, attack, "audit.attacks"))
-    else:
-        model = DLG(DLGParams())
+    like_dlg = issubclass(attack.cls, GradientMatchingAttack)
+    model: GradientMatchingAttack = attack.create() if like_dlg else DLG(DLGParams())
     return model.fidelity_residual(observation, rec.images.float(), rec.labels.long(), seed)
 
 
 def residual_note(
-    residual: float, attack: ComponentConfig, observation: Observation, batchnorm: str
+    residual: float, attack: Resolved, observation: Observation, batchnorm: str
 ) -> str:
     """Why the residual is large, from what the record knows ("" when it is not)."""
     if math.isnan(residual) or residual <= MATCHED:
         return ""
-    attack_cls = ATTACKS.get(attack.name)
-    params = component_params(attack_cls, attack, "audit.attacks")
     cfg = observation.train_config
     steps = local_steps_taken(observation)
-    unrolls = getattr(params, "unroll", False) or attack.name == "unrolled-dlg"
+    unrolls = getattr(attack.params, "unroll", False) or attack.name == "unrolled-dlg"
     model = build_model(observation.model, observation.input_spec)
     if any(n not in observation.global_params for n, _ in model.named_parameters()):
         return "private layers (an extractor): the attack uses a random estimate of them"

@@ -3,8 +3,8 @@
 Nothing here touches client data. Which tensors are "the model" is decided by
 the architecture: reply arrays whose names are model parameters go into
 ``shared``; anything else a strategy uploads (FedCG's ``generator.*``) goes
-into ``extras["uploads"]`` and what the server sent besides the model into
-``extras["sent"]``; ``extras["config"]`` is the whole public train config.
+into ``extra_uploads`` and what the server sent besides the model into
+``extra_sent``; of the sent config, the client config and FedProx's mu.
 BatchNorm running buffers are not parameters: the server sees them in
 ``uploads`` exactly when the strategy uploads them (FedAvg and FedProx send
 the whole state dict; FedSplit keeps the extractor's, hence its BatchNorm
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from fedsim.attacks.base import Observation, ThreatModel
+from fedsim.attacks.base import Observation, SharedKind, ThreatModel
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ModelConfig
 from fedsim.core.data import Normalization
@@ -47,6 +47,42 @@ class ServerView:
     def parameter_names(self) -> frozenset[str]:
         """Trainable parameter names of the architecture (no buffers)."""
         return frozenset(n for n, _ in build_model(self.model, self.input_spec).named_parameters())
+
+    def observe(
+        self,
+        server_round: int,
+        client_id: int,
+        threat_model: ThreatModel,
+        shared: dict[str, torch.Tensor],
+        sent: dict[str, torch.Tensor],
+        train_config: ClientConfig,
+        num_examples: int,
+        proximal_mu: float = 0.0,
+        uploads: dict[str, torch.Tensor] | None = None,
+        shared_kind: SharedKind | None = None,
+    ) -> Observation:
+        """The one way an :class:`Observation` is built: ``shared`` as received (the
+        probe's gradients, or the reply's model tensors), ``sent`` the server's whole
+        state, split here into the model's parameters and the rest. ``shared_kind``
+        defaults to what the threat model shares (a probe's gradients, a reply's update)."""
+        names = self.parameter_names
+        return Observation(
+            round=server_round,
+            client_id=client_id,
+            threat_model=threat_model,
+            shared_kind=shared_kind or ("gradient" if threat_model == "probe" else "update"),
+            shared=shared,
+            global_params={k: v for k, v in sent.items() if k in names},
+            model=self.model,
+            input_spec=self.input_spec,
+            normalization=self.normalization,
+            train_config=train_config,
+            num_examples=num_examples,
+            strategy=self.strategy,
+            proximal_mu=proximal_mu,
+            extra_uploads=dict(uploads or {}),
+            extra_sent={k: v for k, v in sent.items() if k not in names},
+        )
 
 
 def _tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
@@ -82,25 +118,16 @@ def observe_reply(
         assert probe_gradient is not None, "a probe observation needs the probe gradient"
         shared = {k: probe_gradient[k] for k in shared}
         num_examples = probe_batch_size
-    sent = _tensors(sent_arrays)
-    return Observation(
-        round=server_round,
-        client_id=protocol.read_int(metrics, protocol.PARTITION_ID),
-        threat_model=threat_model,
-        shared_kind="gradient" if threat_model == "probe" else "update",
-        shared=shared,
-        global_params={k: v for k, v in sent.items() if k in names},
-        model=view.model,
-        input_spec=view.input_spec,
-        normalization=view.normalization,
-        train_config=train_config,
-        num_examples=num_examples,
-        strategy=view.strategy,
-        extras={
-            protocol.CONFIG: dict(sent_config.items()),
-            "uploads": uploads,
-            "sent": {k: v for k, v in sent.items() if k not in names},
-        },
+    return view.observe(
+        server_round,
+        protocol.read_int(metrics, protocol.PARTITION_ID),
+        threat_model,
+        shared,
+        _tensors(sent_arrays),
+        train_config,
+        num_examples,
+        proximal_mu=float(sent_config.get(protocol.PROXIMAL_MU, 0.0)),  # type: ignore[arg-type]
+        uploads=uploads,
     )
 
 
@@ -113,10 +140,8 @@ def reveal_batch_statistics(observation: Observation, truth: GroundTruth) -> Obs
     them, and its audit rows say ``known-batch``.
     """
     model = build_model(observation.model, observation.input_spec)
-    state = {**observation.global_params, **observation.extras.get("sent", {})}
+    state = {**observation.global_params, **observation.extra_sent}
     model.load_state_dict(state, strict=False)
     inputs = observation.normalization.to_model(truth.images.float())
     stats = batch_statistics(model, inputs)
-    return dataclasses.replace(
-        observation, extras={**observation.extras, protocol.BATCH_STATISTICS: stats}
-    )
+    return dataclasses.replace(observation, batch_statistics=stats)

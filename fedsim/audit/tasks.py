@@ -17,10 +17,9 @@ from typing import Any
 import ray
 import torch
 
-from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.precision import Precision, attack_precision
-from fedsim.core.config import ComponentConfig, component_params
+from fedsim.core.components import Resolved
 from fedsim.core.devices import gpu_if
 
 AUDIT_RESERVATION_NAME = "fedsim-audit"
@@ -64,7 +63,7 @@ class DeviceUse:
 
 
 def run_attack(
-    attack: ComponentConfig,
+    attack: Resolved,
     observations: Sequence[Observation],
     seed: int,
     want_gpu: bool,
@@ -80,13 +79,11 @@ def run_attack(
     task's key; the attack posts its progress there.
     """
     torch.set_num_threads(threads)
-    attack_cls = ATTACKS.get(attack.name)
-    params = component_params(attack_cls, attack, "audit.attacks")
     device = gpu_if(want_gpu)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    runner = attack_cls(params, device=device)
+    runner = attack.create(device=device)
     if progress is not None:
         runner.progress = board_reporter(*progress)
     with attack_precision(precision):

@@ -9,7 +9,8 @@ aggregate is bit-identical with and without the audit.
 
 In any Flower ServerApp::
 
-    auditor = Auditor(AuditConfig(...), ServerView(...), truth=None, run_dir, console)
+    dlg = resolve(ATTACKS, ComponentConfig("dlg", {"steps": 300}), "attack")
+    auditor = Auditor(AuditConfig(...), [dlg], ServerView(...), None, run_dir, console)
     result = AuditedStrategy(FedCG(network=...), auditor).start(grid, initial_arrays, ...)
 
 ``start`` joins the outstanding attacks before it returns (``audit.csv`` is

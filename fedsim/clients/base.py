@@ -15,7 +15,7 @@ from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.partition import ClientSplit, partition_dataset
-from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
 from fedsim.core.training import (
     LossFn,
     client_config_from_record,
@@ -75,7 +75,7 @@ class ClientEnv:
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """A zoo model on this client's device, loaded with ``arrays`` (may be partial)."""
         state = None if arrays is None else arrays.to_torch_state_dict()
-        seed = derive_seed(SeedStream.MODEL_INIT, self.scenario.federation.seed)
+        seed = model_init_seed(self.scenario.federation.seed)
         return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
     def seed(self, server_round: int) -> int:

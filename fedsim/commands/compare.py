@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fedsim.commands import COMMANDS, scenario_path
+from fedsim.commands import COMMANDS
+from fedsim.scenarios import scenario_path
 
 
 class CompareCommand:

@@ -8,8 +8,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fedsim.commands import COMMANDS, shipped_scenarios
+from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError
+from fedsim.scenarios import shipped_scenarios
 
 KINDS = (
     "strategies",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedsim.commands import COMMANDS, scenario_path
+from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError, load_scenario, require
+from fedsim.scenarios import scenario_path
 
 
 class RunCommand:

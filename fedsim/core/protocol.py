@@ -44,14 +44,10 @@ DP_EPSILON = "dp-epsilon"  # DP-SGD's epsilon spent so far
 GAN_D_LOSS = "gan-d-loss"
 GAN_G_LOSS = "gan-g-loss"
 
-# -- what an Observation carries besides the shared parameters ------------------
-BATCH_STATISTICS = "batch-statistics"  # the victim batch's BatchNorm statistics (bn "known")
-
 # -- parameter-name prefixes: what a split model shares -------------------------
 EXTRACTOR = "extractor."
 CLASSIFIER = "classifier."
 GENERATOR = "generator."
-DISCRIMINATOR = "discriminator."
 FEDSPLIT_SHARED = (CLASSIFIER,)  # FedSplit's messages: the classifier only
 FEDCG_SHARED = (CLASSIFIER, GENERATOR)  # FedCG's: the classifier and the generator
 

@@ -82,6 +82,11 @@ def derive_seed(stream: SeedStream, *parts: int) -> int:
     return int(words[0]) >> 1
 
 
+def model_init_seed(federation_seed: int) -> int:
+    """The global model's initial weights: the same on the server and every client."""
+    return derive_seed(SeedStream.MODEL_INIT, federation_seed)
+
+
 def stream_rng(stream: SeedStream, *parts: int) -> np.random.Generator:
     """A NumPy generator on ``derive_seed(stream, *parts)``."""
     return np.random.default_rng(derive_seed(stream, *parts))

@@ -152,6 +152,25 @@ def curves_figure(metrics: pd.DataFrame) -> Figure:
     return fig
 
 
+def _verdict_band(ax: Any, rounds: pd.DataFrame, key: str, low: str, high: str, label: str) -> None:
+    """One verdict curve with its interval band; hollow markers for lower bounds."""
+    x = rounds[protocol.ROUND].to_numpy()
+    lower = rounds[protocol.AUDIT_LOWER_BOUND].to_numpy() > 0
+    y = rounds[key].astype(float).to_numpy()
+    band = (rounds[low].astype(float), rounds[high].astype(float))
+    ax.fill_between(x, *band, alpha=0.25, color="C3", label="95 % interval")
+    ax.plot(x, y, color="C3", linewidth=2, label=f"verdict ({label})")
+    ax.scatter(x[~lower], y[~lower], color="C3", zorder=3)
+    ax.scatter(
+        x[lower],
+        y[lower],
+        facecolors="white",
+        edgecolors="C3",
+        zorder=3,
+        label="lower bound" if lower.any() else None,
+    )
+
+
 def verdict_figure(rounds: pd.DataFrame, audit: pd.DataFrame, success_psnr: float) -> Figure:
     """The verdict per round: median PSNR over victims with its bootstrap band (the
     single attacks' medians thin beneath it), and the success share with its Wilson band.
@@ -159,43 +178,10 @@ def verdict_figure(rounds: pd.DataFrame, audit: pd.DataFrame, success_psnr: floa
     col = AuditRecord.column
     fig = Figure(figsize=(12.6, 3.2))
     psnr_ax, success_ax = fig.subplots(1, 2)
-    x = rounds[protocol.ROUND].to_numpy()
-    lower = rounds[protocol.AUDIT_LOWER_BOUND].to_numpy() > 0
-    for ax, key, low, high, label in (
-        (
-            psnr_ax,
-            protocol.AUDIT_PSNR,
-            protocol.AUDIT_PSNR_LOW,
-            protocol.AUDIT_PSNR_HIGH,
-            "median PSNR",
-        ),
-        (
-            success_ax,
-            protocol.AUDIT_SUCCESS,
-            protocol.AUDIT_SUCCESS_LOW,
-            protocol.AUDIT_SUCCESS_HIGH,
-            "success share",
-        ),
-    ):
-        y = rounds[key].astype(float).to_numpy()
-        ax.fill_between(
-            x,
-            rounds[low].astype(float),
-            rounds[high].astype(float),
-            alpha=0.25,
-            color="C3",
-            label="95 % interval",
-        )
-        ax.plot(x, y, color="C3", linewidth=2, label=f"verdict ({label})")
-        ax.scatter(x[~lower], y[~lower], color="C3", zorder=3)
-        ax.scatter(
-            x[lower],
-            y[lower],
-            facecolors="white",
-            edgecolors="C3",
-            zorder=3,
-            label="lower bound" if lower.any() else None,
-        )
+    p = protocol
+    _verdict_band(psnr_ax, rounds, p.AUDIT_PSNR, p.AUDIT_PSNR_LOW, p.AUDIT_PSNR_HIGH, "median PSNR")
+    success = (p.AUDIT_SUCCESS, p.AUDIT_SUCCESS_LOW, p.AUDIT_SUCCESS_HIGH)
+    _verdict_band(success_ax, rounds, *success, "success share")
     for attack, group in audit.groupby(col("attack"), sort=False):
         values = group[col("psnr")].astype(float).clip(upper=EXACT_PSNR)
         per_round = values.groupby(group[col("round")]).median()

@@ -12,7 +12,7 @@ are caps: every optimisation attack also stops early once it has converged
 unseen images stopped improving, or the largest budget measured where it
 had not (the numbers are in ``docs/audit.md``).
 
-An explicit list in ``audit.attacks`` is run as given.
+An explicit list in ``audit.attacks`` is run as given, each attack checked.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from fedsim.attacks import ATTACKS
-from fedsim.core.config import ComponentConfig, Scenario, ScenarioError, component_params
+from fedsim.core.components import Resolved, resolve
+from fedsim.core.config import ComponentConfig, Scenario, ScenarioError
 
 PORTFOLIO = (
     "analytic-fc",
@@ -77,28 +78,37 @@ def budget(name: str, scenario: Scenario) -> dict[str, Any]:
     return params
 
 
-def resolve_attacks(
-    scenario: Scenario, uploads: tuple[str, ...] | None
-) -> tuple[ComponentConfig, ...]:
-    """The attacks the audit runs: the scenario's list, or for ``"auto"`` the portfolio's.
+def resolve_attacks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:
+    """The attacks the audit runs, resolved: the scenario's list (each checked, a bad one
+    raises), or for ``"auto"`` the portfolio's that apply (possibly none).
 
     ``uploads``: the parameter-name prefixes the strategy's clients upload
     (``None``: the whole model).
     """
     attacks = scenario.audit.attacks
     if not isinstance(attacks, str):
-        return attacks
+        return tuple(
+            check_attack(attack, f"audit.attacks[{i}]", scenario, uploads)
+            for i, attack in enumerate(attacks)
+        )
     chosen = []
     for name in PORTFOLIO:
         if name not in ATTACKS.names():
             continue
-        attack = ComponentConfig(name, budget(name, scenario))
-        attack_cls = ATTACKS.get(name)
         key = f"audit.attacks (auto: {name})"
-        component_params(attack_cls, attack, key)  # the budgets are valid parameters
+        attack = resolve(ATTACKS, ComponentConfig(name, budget(name, scenario)), key)
         try:
-            attack_cls.check_scenario(scenario, uploads, key)
+            attack.cls.check_scenario(scenario, uploads, key)
         except ScenarioError:
             continue  # does not apply here
         chosen.append(attack)
     return tuple(chosen)
+
+
+def check_attack(
+    attack: ComponentConfig, key: str, scenario: Scenario, uploads: tuple[str, ...] | None
+) -> Resolved:
+    """The attack is registered, its parameters are valid, and the server sees what it needs."""
+    resolved = resolve(ATTACKS, attack, key)
+    resolved.cls.check_scenario(scenario, uploads, key)
+    return resolved

@@ -14,23 +14,23 @@ ranges, finite numbers, seeds). Here, what it means, in two steps:
   and the partition gives every client training (and test) examples.
 
 Every failure is a :class:`~fedsim.core.config.ScenarioError`: one line with
-the key, the value and what is allowed.
+the key, the value and what is allowed. What passes is resolved once into
+:class:`Components`: downstream receives those, never a raw parameter table.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from fedsim.attacks import ATTACKS
 from fedsim.clients.defences import check_defences
+from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import (
-    ComponentConfig,
     Scenario,
     ScenarioError,
-    component_params,
     first_line,
     lookup,
     require,
@@ -43,19 +43,21 @@ from fedsim.core.training import smallest_batch
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.strategies import STRATEGIES
 
+
+@dataclass(frozen=True)
+class Components:
+    """A valid scenario's components, resolved: the strategy and the audit's attacks
+    (empty without an audit), each class with its frozen parameters."""
+
+    scenario: Scenario
+    strategy: Resolved
+    attacks: tuple[Resolved, ...] = ()
+
+
 MAX_ACTORS_PER_CORE = 4
 """Flower starts ``ray-cpus / num-cpus`` client actors; more per core flood the machine."""
 
 BYTES_PER_VALUE = 4  # float32 images
-
-
-def check_attack(
-    attack: ComponentConfig, key: str, scenario: Scenario, uploads: tuple[str, ...] | None
-) -> None:
-    """The attack is registered, its parameters are valid, and the server sees what it needs."""
-    attack_cls = lookup(ATTACKS, attack.name, key)
-    component_params(attack_cls, attack, key)
-    attack_cls.check_scenario(scenario, uploads, key)
 
 
 def _dry_forward(
@@ -95,8 +97,10 @@ def trains_on_one_example(scenario: Scenario) -> bool:
     return True
 
 
-def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> None:
-    """Audit victims and rounds lie inside the federation; every attack can see its target."""
+def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:
+    """Audit victims and rounds lie inside the federation; every attack can see its target.
+
+    Returns the attacks, resolved."""
     audit, fed = scenario.audit, scenario.federation
     for victim in audit.victim_ids:
         require(
@@ -112,34 +116,31 @@ def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> None:
         list(audit.rounds),
         f"rounds are 1 to {fed.rounds} (federation.rounds); {late} would audit nothing",
     )
-    if isinstance(audit.attacks, str):  # "auto"
-        require(
-            bool(resolve_attacks(scenario, uploads)),
-            "audit.attacks",
-            audit.attacks,
-            "no registered attack applies to this scenario; list attacks by hand",
-        )
-        return
-    for i, attack in enumerate(audit.attacks):
-        check_attack(attack, f"audit.attacks[{i}]", scenario, uploads)
+    attacks = resolve_attacks(scenario, uploads)
+    require(
+        bool(attacks),
+        "audit.attacks",
+        audit.attacks,
+        "no registered attack applies to this scenario; list attacks by hand",
+    )
+    return attacks
 
 
-def check_components(scenario: Scenario) -> None:
-    """Every name and parameter the scenario gives and how they fit; raise ScenarioError."""
+def check_components(scenario: Scenario) -> Components:
+    """Every name and parameter the scenario gives and how they fit, resolved; raise
+    ScenarioError."""
     lookup(DATASETS, scenario.data.dataset, "data.dataset")
     lookup(INITS, scenario.model.init, "model.init")
     data = scenario.data
     check_model_fits(
         scenario.model.name, data.image_size, data.channels == "rgb", "data.image-size"
     )
-    partitioner = lookup(PARTITIONERS, scenario.data.partitioner.name, "data.partitioner")
-    component_params(partitioner, scenario.data.partitioner, "data.partitioner")
-    strategy = lookup(STRATEGIES, scenario.strategy.name, "strategy")
-    component_params(strategy, scenario.strategy, "strategy")
-    strategy.check_scenario(scenario)
+    resolve(PARTITIONERS, scenario.data.partitioner, "data.partitioner")
+    strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
+    strategy.cls.check_scenario(scenario)
     check_defences(scenario)
-    if scenario.audit.enabled:
-        check_audit(scenario, strategy.shared_prefixes)
+    attacks = check_audit(scenario, strategy.cls.shared_prefixes) if scenario.audit.enabled else ()
+    return Components(scenario, strategy, attacks)
 
 
 def check_gpu_request(num_gpus: float, key: str) -> None:
@@ -279,8 +280,8 @@ def check_machine(scenario: Scenario) -> None:
     check_partition(scenario)
 
 
-def validate(scenario: Scenario) -> Scenario:
-    """:func:`check_components` then :func:`check_machine`; returns ``scenario``."""
-    check_components(scenario)
+def validate(scenario: Scenario) -> Components:
+    """:func:`check_components` then :func:`check_machine`; the scenario's components."""
+    components = check_components(scenario)
     check_machine(scenario)
-    return scenario
+    return components

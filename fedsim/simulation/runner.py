@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -19,7 +18,7 @@ from fedsim.audit.observe import ServerView
 from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.clients.replay import ClientReplay
-from fedsim.core.config import Scenario, component_params
+from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
 from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec
@@ -35,8 +34,7 @@ from fedsim.outputs.results import (
     write_summary,
 )
 from fedsim.outputs.tensorboard import TensorBoardLog
-from fedsim.scenario.portfolio import resolve_attacks
-from fedsim.scenario.validate import actor_count, ray_cpus, validate
+from fedsim.scenario.validate import Components, actor_count, ray_cpus, validate
 from fedsim.simulation.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
 from fedsim.simulation.discovery import discover_partitions
 from fedsim.simulation.failures import FailurePlan, HideInjectedFailures, check_failures
@@ -44,7 +42,6 @@ from fedsim.simulation.flower import actor_pool_size, quiet_flower, waiting_node
 from fedsim.simulation.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
 from fedsim.simulation.loop import RoundCallback, run_rounds
 from fedsim.simulation.resources import reserve_audit, start_ray
-from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineServices, FedsimStrategy, ServerResources
 from fedsim.strategies.sampling import PartitionSampler
 
@@ -94,19 +91,48 @@ def stop_ray(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
 
 
 def build_strategy(
-    scenario: Scenario, sampler: PartitionSampler, server: ServerResources
+    components: Components, sampler: PartitionSampler, server: ServerResources
 ) -> FedsimStrategy:
     """The scenario's strategy, built from its parameters as a Flower user would, with the
     engine's services (seeded sampling, held-out evaluation, failure threshold) attached."""
-    strategy_cls = STRATEGIES.get(scenario.strategy.name)
-    params = component_params(strategy_cls, scenario.strategy, "strategy")
-    engine = EngineServices(sampler, server, scenario.failures.min_replies)
-    return strategy_cls.from_params(params).attach_engine(engine)
+    engine = EngineServices(sampler, server, components.scenario.failures.min_replies)
+    strategy: FedsimStrategy = components.strategy.cls.from_params(components.strategy.params)
+    return strategy.attach_engine(engine)
+
+
+def _auditor(
+    components: Components, server: ServerResources, run_dir: Path, console: Console
+) -> Auditor:
+    """The honest-but-curious server's auditor, with the harness's truth source."""
+    scenario, bundle = components.scenario, server.bundle
+    view = ServerView(
+        scenario.model,
+        InputSpec(bundle.channels, bundle.image_size, bundle.num_classes),
+        bundle.normalization,
+        scenario.strategy.name,
+    )
+    # The harness knows the clients: it gives the scorer its truth source.
+    routine = components.strategy.cls.client_routine
+    truth = ClientReplay(scenario, routine, run_dir / CLIENT_STATE_DIR)
+    return Auditor(scenario.audit, components.attacks, view, truth, run_dir, console)
+
+
+def _starting_arrays(
+    strategy: FedsimStrategy, stateful: list[Checkpointable], resume: Checkpoint | None
+) -> ArrayRecord:
+    """The round-0 model, or a checkpoint's with everything restored to its round."""
+    if resume is None:
+        return strategy.initial_arrays()
+    strategy.restore_checkpoint_state(resume.strategy)
+    for component in stateful:
+        component.load_state_dict(resume.components[component.checkpoint_key])
+    restore_rng(resume.rng)  # last: nothing may draw from them before the round
+    return resume.arrays
 
 
 def serve(
     grid: Grid,
-    scenario: Scenario,
+    components: Components,
     recorder: RunRecorder,
     console: Console,
     callbacks: tuple[RoundCallback, ...] = (),
@@ -120,8 +146,8 @@ def serve(
     ``guard`` stops the rounds on a signal once a round's outputs are written;
     ``phases`` prints the start-up phases.
     """
+    scenario = components.scenario
     fed = scenario.federation
-    strategy_cls = STRATEGIES.get(scenario.strategy.name)
     server = ServerResources(
         scenario, load_dataset(scenario.data), gpu_if(scenario.backend.num_gpus > 0)
     )
@@ -131,35 +157,15 @@ def serve(
     if phases:
         phases(f"{len(nodes)} clients ready; training")
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
-    strategy = build_strategy(scenario, sampler, server)
+    strategy = build_strategy(components, sampler, server)
     observers: tuple[Auditor, ...] = ()
     if scenario.audit.enabled:
-        bundle = server.bundle
-        view = ServerView(
-            scenario.model,
-            InputSpec(bundle.channels, bundle.image_size, bundle.num_classes),
-            bundle.normalization,
-            scenario.strategy.name,
-        )
-        # The harness knows the clients: it gives the scorer its truth source.
-        truth = ClientReplay(
-            scenario, strategy_cls.client_routine, recorder.run_dir / CLIENT_STATE_DIR
-        )
-        attacks = resolve_attacks(scenario, strategy_cls.shared_prefixes)
-        audit = dataclasses.replace(scenario.audit, attacks=attacks)
-        auditor = Auditor(audit, view, truth, recorder.run_dir, console)
+        auditor = _auditor(components, server, recorder.run_dir, console)
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
     logs = (TensorBoardLog(recorder),) if scenario.log.tensorboard else ()
-    components = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
-    checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, components)
-    if resume is None:
-        arrays = strategy.initial_arrays()
-    else:
-        arrays = resume.arrays
-        strategy.restore_checkpoint_state(resume.strategy)
-        for component in components:
-            component.load_state_dict(resume.components[component.checkpoint_key])
-        restore_rng(resume.rng)  # last: nothing may draw from them before the round
+    stateful = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
+    checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, stateful)
+    arrays = _starting_arrays(strategy, stateful, resume)
     first_round = resume.round + 1 if resume is not None else 1
     begin, end = ((guard.begin_outputs,), (guard.end_outputs,)) if guard else ((), ())
     try:
@@ -215,6 +221,45 @@ def run_scenario(
             raise
 
 
+def _server_app(
+    outcome: queue.Queue[ArrayRecord | BaseException],
+    components: Components,
+    recorder: RunRecorder,
+    console: Console,
+    callbacks: tuple[RoundCallback, ...],
+    resume: Checkpoint | None,
+    guard: StopGuard,
+    phases: Phases,
+) -> ServerApp:
+    """The run's ServerApp: :func:`serve`, its final model or error put on ``outcome``."""
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            outcome.put(
+                serve(grid, components, recorder, console, callbacks, resume, guard, phases)
+            )
+        except RunInterrupted as stop:  # not an error: the ServerApp ends, Flower stops
+            outcome.put(stop)
+        except BaseException as err:  # re-raised in the caller's thread by _run
+            outcome.put(err)
+            raise
+
+    return server_app
+
+
+def _run_dir(
+    scenario: Scenario, out: str | Path | None, force: bool, resume: Checkpoint | None
+) -> Path:
+    """A new run folder holding the scenario, or the resumed run's."""
+    if resume is not None:
+        return resume.run_dir
+    run_dir = new_run_dir(scenario, out, force)
+    write_scenario(scenario, run_dir)
+    return run_dir
+
+
 def _run(
     scenario: Scenario,
     out: str | Path | None,
@@ -228,11 +273,10 @@ def _run(
     """:func:`run_scenario` under its ``guard``."""
     from flwr.simulation import run_simulation
 
-    validate(scenario)
+    components = validate(scenario)
     reap_orphans()  # Ray processes of earlier runs whose driver was killed
     console = console or Console(soft_wrap=True)
-    strategy_cls = STRATEGIES.get(scenario.strategy.name)
-    check_failures(scenario, strategy_cls.min_replies)
+    check_failures(scenario, components.strategy.cls.min_replies)
     fed = scenario.federation
     quiet_flower(HideInjectedFailures())
     phases = Phases(console)
@@ -243,31 +287,15 @@ def _run(
         plan = start_ray(scenario)
         guard.reclaim()
         try:
-            if resume is None:
-                run_dir = new_run_dir(scenario, out, force)
-                write_scenario(scenario, run_dir)
-            else:
-                run_dir = resume.run_dir
+            run_dir = _run_dir(scenario, out, force, resume)
             session.run_dir = guard.run_dir = run_dir
             recorder = RunRecorder(run_dir, fed.rounds, console)
             outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
-
-            server_app = ServerApp()
-
-            @server_app.main()
-            def main(grid: Grid, context: Context) -> None:
-                try:
-                    outcome.put(
-                        serve(grid, scenario, recorder, console, callbacks, resume, guard, phases)
-                    )
-                except RunInterrupted as stop:  # not an error: the ServerApp ends, Flower stops
-                    outcome.put(stop)
-                except BaseException as err:  # re-raised in the caller's thread below
-                    outcome.put(err)
-                    raise
-
+            server_app = _server_app(
+                outcome, components, recorder, console, callbacks, resume, guard, phases
+            )
             client_app = build_client_app(
-                scenario, strategy_cls.client_routine, run_dir / CLIENT_STATE_DIR
+                scenario, components.strategy.cls.client_routine, run_dir / CLIENT_STATE_DIR
             )
             console.print(
                 f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
@@ -288,11 +316,23 @@ def _run(
                 )
         finally:
             stop_ray()
+    return _finish(outcome, guard, scenario, recorder, console)
+
+
+def _finish(
+    outcome: queue.Queue[ArrayRecord | BaseException],
+    guard: StopGuard,
+    scenario: Scenario,
+    recorder: RunRecorder,
+    console: Console,
+) -> RunResult:
+    """The final model, summary and report of a simulation that ended; its error else."""
     if outcome.empty():
         raise RuntimeError("the simulation ended without a result; see the log above")
     result = outcome.get()
     if isinstance(result, BaseException):
         raise guard.interrupted() if guard.stop.is_set() else result
+    run_dir = recorder.run_dir
     save_model(result, run_dir)
     console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
     console.print(f"report: {write_run_report(run_dir)}")

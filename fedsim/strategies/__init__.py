@@ -1,9 +1,17 @@
-"""Server-side strategies (Flower ``Strategy`` subclasses), found by name."""
+"""Server-side strategies (Flower ``Strategy`` subclasses), found by name in :data:`STRATEGIES`.
+
+The public classes at package level, as ``flwr.serverapp.strategy`` has them::
+
+    from fedsim.strategies import FedAvg, FedCG, FedProx, FedSplit, Local
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from fedsim.strategies.fedavg import FedAvg
+from fedsim.strategies.fedcg import FedCG
+from fedsim.strategies.fedprox import FedProx
+from fedsim.strategies.fedsplit import FedSplit
+from fedsim.strategies.local import Local
+from fedsim.strategies.registry import STRATEGIES
 
-from fedsim.core.registry import Registry
-
-STRATEGIES: Registry[Any] = Registry("strategy", ("fedsim.strategies",))
+__all__ = ["STRATEGIES", "FedAvg", "FedCG", "FedProx", "FedSplit", "Local"]

@@ -30,7 +30,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsim.core.data import DatasetBundle
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
-from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.seeds import model_init_seed
 from fedsim.strategies.sampling import PartitionSampler
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class ServerResources:
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """The global model on the server's device, loaded with ``arrays``."""
         state = None if arrays is None else arrays.to_torch_state_dict()
-        seed = derive_seed(SeedStream.MODEL_INIT, self.scenario.federation.seed)
+        seed = model_init_seed(self.scenario.federation.seed)
         return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
 

@@ -28,8 +28,8 @@ import torch
 from flwr.serverapp import strategy as flower
 
 from fedsim.core.config import ScenarioError
-from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import FedAvg
+from fedsim.strategies.registry import STRATEGIES
 
 ENGINE_DECIDES = frozenset(
     {

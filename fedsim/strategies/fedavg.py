@@ -21,13 +21,13 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from fedsim.core import protocol
 from fedsim.core.training import evaluate
-from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import (
     EngineServices,
     FedsimStrategy,
     TooFewReplies,
     required_replies,
 )
+from fedsim.strategies.registry import STRATEGIES
 from fedsim.strategies.sampling import PreselectedGrid
 
 NUM_EXAMPLES = protocol.NUM_EXAMPLES

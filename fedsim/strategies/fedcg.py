@@ -53,10 +53,10 @@ from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, require
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, feature_shape
 from fedsim.core.models import InputSpec, build_model
-from fedsim.core.seeds import SeedStream, derive_seed
-from fedsim.strategies import STRATEGIES
+from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
 from fedsim.strategies.distillation import Teacher, distill_if_better, sample_codes
 from fedsim.strategies.fedsplit import FedSplit
+from fedsim.strategies.registry import STRATEGIES
 
 PROBE_CODES = 256
 
@@ -164,7 +164,7 @@ class FedCG(FedSplit):
         """A classifier + generator pair on the server, loaded with ``arrays`` (may be partial)."""
         if self.engine is not None:
             server = self.engine.server
-            seed = derive_seed(SeedStream.MODEL_INIT, server.scenario.federation.seed)
+            seed = model_init_seed(server.scenario.federation.seed)
             net = build_gan_split_net(server.scenario.model, server.input_spec, seed)
             device = server.device
         elif self.network_factory is not None:

@@ -20,8 +20,8 @@ from flwr.serverapp import Grid
 
 from fedsim.core import protocol
 from fedsim.core.config import require
-from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import FedAvg
+from fedsim.strategies.registry import STRATEGIES
 
 
 @dataclass(frozen=True)

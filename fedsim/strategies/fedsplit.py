@@ -23,8 +23,8 @@ from flwr.app import ArrayRecord
 
 from fedsim.core import protocol
 from fedsim.core.models import SplitNet
-from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import FedAvg
+from fedsim.strategies.registry import STRATEGIES
 
 
 @dataclass(frozen=True)

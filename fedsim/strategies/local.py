@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedsplit import FedSplit
+from fedsim.strategies.registry import STRATEGIES
 
 
 @dataclass(frozen=True)

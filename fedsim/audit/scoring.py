@@ -1,0 +1,80 @@
+"""Scoring and records: a reconstruction against the truth, as one :class:`AuditRecord`.
+
+The only place an attack's output meets ground truth
+(:func:`fedsim.core.metrics.score_reconstruction`), for the federation's audit
+and for ``fedsim attack`` alike, so both write the same record schema.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.audit.fidelity import attacker_residual, fidelity_residual, residual_note
+from fedsim.audit.tasks import DeviceUse
+from fedsim.core.components import Resolved
+from fedsim.core.metrics import ReconstructionScore, score_reconstruction
+from fedsim.core.protocol import AuditRecord
+from fedsim.core.truth import GroundTruth
+
+
+class Scored(NamedTuple):
+    """A reconstruction's record, and its score when the truth was known."""
+
+    record: AuditRecord
+    score: ReconstructionScore | None
+
+
+def score_attack(
+    attack: Resolved,
+    label: str,
+    observation: Observation,
+    truth: GroundTruth | None,
+    rec: Reconstruction,
+    seed: int,
+    use: DeviceUse,
+    wall_seconds: float,
+) -> Scored:
+    """Score ``rec`` (what ``attack``, named ``label`` in the records, recovered from
+    ``observation``) against ``truth``; unscored (NaN) without one. ``seed``: the
+    attack task's, for the residuals (a victim batched with others may have drawn
+    other random estimates of private layers, which the residual shows anyway)."""
+    score, residual = None, math.nan
+    if truth is not None:
+        score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
+        residual = fidelity_residual(attack, observation, truth, seed)
+    batchnorm = str(rec.details.get("batchnorm", "not-modelled"))
+    nan = math.nan
+    record = AuditRecord(
+        round=observation.round,
+        client=observation.client_id,
+        strategy=observation.strategy,
+        attack=label,
+        threat_model=observation.threat_model,
+        shared_kind=observation.shared_kind,
+        parameters_observed=sum(t.numel() for t in observation.shared.values()),
+        tensors_observed=len(observation.shared),
+        batch_size=observation.num_examples,
+        psnr=score.psnr if score else nan,
+        ssim=score.ssim if score else nan,
+        mse=score.mse if score else nan,
+        label_acc=score.label_accuracy if score else nan,
+        iterations=rec.iterations,
+        steps_taken=rec.steps_taken,
+        converged=rec.converged,
+        restarts=rec.restarts,
+        diverged_restarts=int(rec.details.get("diverged_restarts", 0)),
+        final_objective=rec.final_objective,
+        seconds=rec.seconds,
+        wall_seconds=wall_seconds,
+        attack_params=attack.params_text(),
+        batchnorm=batchnorm,
+        fidelity_residual=residual,
+        fidelity_note=residual_note(residual, attack, observation, batchnorm),
+        attacker_residual=attacker_residual(attack, observation, rec, seed),
+        device=use.device,
+        gpu_seconds=use.gpu_seconds,
+        peak_gpu_mb=use.peak_gpu_mb,
+    )
+    return Scored(record, score)

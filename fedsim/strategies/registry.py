@@ -1,0 +1,9 @@
+"""The registry of strategies: its modules register into it, scenarios look names up in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedsim.core.registry import Registry
+
+STRATEGIES: Registry[Any] = Registry("strategy", ("fedsim.strategies",))
