@@ -8,6 +8,13 @@ and runs each dataclass's own range checks. Component parameters (a strategy's
 function, against the frozen ``Params`` dataclass the component registers.
 
 Keys are kebab-case in TOML (``clients-per-round``) and snake_case in Python.
+
+Not pydantic (tried for issue 27): its strict mode refuses TOML's lists for
+tuples and tables for dataclasses, its lax mode takes ``"3"``, ``1.0`` and
+``true`` for an integer, so strict scalars needed a pass over its core schema;
+and today's one-line messages (the allowed keys, "a list of an integer", "a
+number or absent", which of several errors comes first) needed a walk of the
+type hints along each error's location: 664 lines against 643 for this file by hand.
 """
 
 from __future__ import annotations
