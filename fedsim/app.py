@@ -76,7 +76,7 @@ def _start_audit_ray(scenario: Scenario, grid: Grid) -> None:
     a ``flwr run`` simulation, Flower's backend starts Ray in this very process
     (a second ``ray.init`` racing it makes both time out) without fedsim's
     resource plan: the attacks then ask for CPUs the client actors leave free
-    (README, "As a Flower app").
+    (docs/flower-app.md).
     """
     import ray
 
