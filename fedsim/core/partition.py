@@ -30,13 +30,14 @@ class Partitioner(Protocol):
     ) -> list[np.ndarray]: ...
 
 
-PARTITIONERS: Registry[Any] = Registry("partitioner")
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
 
 
 def _partitioner(name: str, params: type) -> Callable[[Callable[..., list[np.ndarray]]], Any]:
     def decorator(fn: Callable[..., list[np.ndarray]]) -> Any:
         fn.Params = params  # type: ignore[attr-defined]
-        return PARTITIONERS.register(name)(fn)
+        partitioner: Partitioner = fn  # type: ignore[assignment]  # now with its Params
+        return PARTITIONERS.register(name)(partitioner)
 
     return decorator
 
