@@ -6,7 +6,7 @@ victim, as ``fedsim attack --shared update`` builds them. Per case: the median
 seconds per victim (``read s``: with the feature inversion switched off, the
 analytic part; ``total s``: with the attack's defaults), the median PSNR (peak
 1 on [0, 1]), the share of victims whose every image exceeds 40 dB, and
-``applies``: whether :meth:`check_scenario` accepts the matching audited
+``applies``: whether :meth:`check_setting` accepts the matching audited
 scenario, else its one-line refusal. With ``--audit-run``, instead: an
 ``mlp-2nn`` FedSGD federation audited by ``analytic-fc`` on every client in
 every round (``victims = 0``) against the same run unaudited, alternately, in

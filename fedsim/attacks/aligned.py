@@ -21,12 +21,12 @@ from typing import Literal
 import torch
 from torch.func import functional_call
 
-from fedsim.attacks.base import Observation
+from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.matching import MatchingProblem
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, require
+from fedsim.core.config import require
 from fedsim.core.gan import NOISE_DIM, build_generator
 from fedsim.core.seeds import SeedStream, derive_seed
 
@@ -64,13 +64,13 @@ class AlignedDLG(DLG):
     params: AlignedDLGParams
 
     @classmethod
-    def check_scenario(cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str) -> None:
+    def check_setting(cls, setting: AttackSetting, key: str) -> None:
         require(
-            uploads is not None and protocol.GENERATOR in uploads,
+            setting.uploads is not None and protocol.GENERATOR in setting.uploads,
             f"{key}.name",
             "aligned-dlg",
             "needs the clients' uploaded generator (strategy fedcg); "
-            f"strategy {scenario.strategy.name!r} uploads none",
+            f"strategy {setting.strategy!r} uploads none",
         )
 
     def victim_extras(

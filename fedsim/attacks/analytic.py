@@ -22,7 +22,7 @@ is the gradient exactly. It refuses several local steps (the update is then a
 sum of gradients at different weights: no row ratio is an input) and Adam or
 momentum (an Adam step's entries are close to ``lr * sign(g)``: the ratios
 carry little more than signs). These refusals are one line at scenario
-validation (:meth:`AnalyticAttack.check_scenario`) and a ``ValueError`` on an
+validation (:meth:`AnalyticAttack.check_setting`) and a ``ValueError`` on an
 observation that breaks them.
 
 Each sets :attr:`~fedsim.attacks.base.Reconstruction.converged` and
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedsim.attacks.base import Attack, Observation, Reconstruction
+from fedsim.attacks.base import Attack, AttackSetting, Observation, Reconstruction
 from fedsim.attacks.gradients import (
     batch_gradient,
     local_steps_taken,
@@ -59,7 +59,7 @@ from fedsim.attacks.gradients import (
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.optim import BatchedAdamW
 from fedsim.attacks.registry import ATTACKS
-from fedsim.core.config import ClientConfig, Scenario, require
+from fedsim.core.config import ClientConfig, require
 from fedsim.core.models import InputSpec, SplitNet, build_model
 
 INVERTED = 1e-4
@@ -74,17 +74,17 @@ def plain_sgd(cfg: ClientConfig) -> bool:
     return cfg.optimizer == "sgd" and not cfg.momentum and not cfg.weight_decay
 
 
-def scenario_batch(scenario: Scenario, attack: str, key: str) -> int | None:
+def setting_batch(setting: AttackSetting, attack: str, key: str) -> int | None:
     """The batch each audited gradient holds, refusing audits that give no exact gradient.
 
     ``None`` when the scenario runs no audit (``fedsim attack`` probes one
     batch of its own and checks it per observation).
     """
-    audit, client = scenario.audit, scenario.client
-    if not audit.enabled:
+    client = setting.client
+    if not setting.audited:
         return None
-    if audit.threat_model == "probe":
-        return audit.probe_batch_size
+    if setting.threat_model == "probe":
+        return setting.probe_batch_size
     require(
         plain_sgd(client),
         f"{key}.name",
@@ -92,7 +92,7 @@ def scenario_batch(scenario: Scenario, attack: str, key: str) -> int | None:
         f"reads one plain SGD step; client.optimizer = {client.optimizer!r}, "
         f"momentum {client.momentum}, weight-decay {client.weight_decay} ({ADAM_NOTE})",
     )
-    samples = scenario.data.samples_per_client
+    samples = setting.data.samples_per_client
     one_epoch_step = client.local_epochs == 1 and 0 < samples <= client.batch_size
     require(
         client.local_steps == 1 or (client.local_steps == 0 and one_epoch_step),
@@ -143,11 +143,11 @@ def reads_image(model: nn.Module, layer: str) -> bool:
     return all(isinstance(m, nn.Flatten) for _, m in before)
 
 
-def scenario_model(scenario: Scenario) -> SplitNet:
-    """The scenario's architecture on the ``meta`` device (structure only, no memory)."""
-    spec = InputSpec(3 if scenario.data.channels == "rgb" else 1, scenario.data.image_size, 10)
+def setting_model(setting: AttackSetting) -> SplitNet:
+    """The setting's architecture on the ``meta`` device (structure only, no memory)."""
+    spec = InputSpec(3 if setting.data.channels == "rgb" else 1, setting.data.image_size, 10)
     with torch.device("meta"):
-        return build_model(scenario.model, spec)
+        return build_model(setting.model, spec)
 
 
 def uploaded(name: str, uploads: tuple[str, ...] | None) -> bool:
@@ -215,23 +215,21 @@ class AnalyticAttack(Attack):
     max_batch: ClassVar[int]
 
     @classmethod
-    def check_scenario(cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str) -> None:
+    def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """Refuse audits without an exact gradient, batches over :attr:`max_batch`,
         and architectures :meth:`check_architecture` rejects."""
-        batch = scenario_batch(scenario, cls.name, key)
+        batch = setting_batch(setting, cls.name, key)
         require(
             batch is None or batch <= cls.max_batch,
             f"{key}.name",
             cls.name,
             f"reads batches of at most {cls.max_batch}; the audited gradients hold {batch}",
         )
-        cls.check_architecture(scenario, uploads, key)
+        cls.check_architecture(setting, key)
 
     @classmethod
     @abstractmethod
-    def check_architecture(
-        cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str
-    ) -> None:
+    def check_architecture(cls, setting: AttackSetting, key: str) -> None:
         """Raise :class:`~fedsim.core.config.ScenarioError` unless the shared layers fit."""
 
     def check_batch(self, observation: Observation) -> None:
@@ -323,21 +321,19 @@ class AnalyticFC(AnalyticAttack):
     max_batch = 1
 
     @classmethod
-    def check_architecture(
-        cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str
-    ) -> None:
+    def check_architecture(cls, setting: AttackSetting, key: str) -> None:
         """Some shared linear layer has a bias (a named ``layer`` is checked per observation)."""
         found = [
             n
-            for n, m in linear_layers(scenario_model(scenario))
-            if m.bias is not None and uploaded(f"{n}.weight", uploads)
+            for n, m in linear_layers(setting_model(setting))
+            if m.bias is not None and uploaded(f"{n}.weight", setting.uploads)
         ]
         require(
             bool(found),
             f"{key}.name",
             cls.name,
-            f"needs a shared linear layer with a bias; model {scenario.model.name!r} "
-            f"under strategy {scenario.strategy.name!r} shares none",
+            f"needs a shared linear layer with a bias; model {setting.model.name!r} "
+            f"under strategy {setting.strategy!r} shares none",
         )
 
     def chosen_layer(self, model: SplitNet, observation: Observation) -> tuple[str, nn.Linear]:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from fedsim.core.config import ClientConfig, ModelConfig, Scenario, require
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, require
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec
 
@@ -28,6 +28,41 @@ ThreatModel = Literal["probe", "update"]
 
 SharedKind = Literal["gradient", "update"]
 """Whether ``Observation.shared`` holds gradients or updated parameters (signs differ)."""
+
+
+@dataclass(frozen=True)
+class AttackSetting:
+    """What decides, before a run, whether an attack applies: all of it public.
+
+    The architecture, the input pipeline's shape, the clients' training config,
+    the strategy and the parameter-name prefixes its clients upload (``None``:
+    the whole model), and what the audit intercepts (``audited`` is false for
+    ``fedsim attack``, which checks each probe as it comes).
+    """
+
+    model: ModelConfig
+    client: ClientConfig
+    data: DataConfig
+    strategy: str
+    uploads: tuple[str, ...] | None
+    audited: bool = True
+    threat_model: ThreatModel = "update"
+    probe_batch_size: int = 1
+
+    @classmethod
+    def of(cls, scenario: Scenario, uploads: tuple[str, ...] | None) -> AttackSetting:
+        """The setting of ``scenario``, whose strategy's clients upload ``uploads``."""
+        audit = scenario.audit
+        return cls(
+            scenario.model,
+            scenario.client,
+            scenario.data,
+            scenario.strategy.name,
+            uploads,
+            audit.enabled,
+            audit.threat_model,
+            audit.probe_batch_size,
+        )
 
 
 @dataclass(frozen=True)
@@ -124,12 +159,9 @@ class Attack(ABC):
         self.progress(step, total, float(finite.min()) if len(finite) else float("inf"))
 
     @classmethod
-    def check_scenario(cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str) -> None:
-        """Reject, before Ray starts, a scenario whose server never sees what this attack needs.
-
-        ``uploads``: the parameter-name prefixes the strategy's clients upload
-        (``None``: the whole model). Raise :class:`~fedsim.core.config.ScenarioError`.
-        """
+    def check_setting(cls, setting: AttackSetting, key: str) -> None:
+        """Reject, before Ray starts, a setting whose server never sees what this attack
+        needs: raise :class:`~fedsim.core.config.ScenarioError`."""
         return None
 
     @abstractmethod

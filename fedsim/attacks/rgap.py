@@ -45,14 +45,14 @@ from fedsim.attacks.analytic import (
     leaf_modules,
     one_step_residual,
     read_linear_input,
-    scenario_model,
+    setting_model,
     uploaded,
 )
-from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.gradients import victim_model
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.registry import ATTACKS
-from fedsim.core.config import Scenario, require
+from fedsim.core.config import require
 
 Weighted = nn.Conv2d | nn.Linear
 
@@ -125,30 +125,28 @@ class RGAP(AnalyticAttack):
     max_batch = 1
 
     @classmethod
-    def check_architecture(
-        cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str
-    ) -> None:
+    def check_architecture(cls, setting: AttackSetting, key: str) -> None:
         """Every layer shared, the model a ``(conv | linear, Sigmoid)* linear`` chain, and
         no layer input over :data:`MAX_UNKNOWNS` values."""
-        model = scenario_model(scenario)
+        model = setting_model(setting)
         chain = sigmoid_chain(model)
         require(
-            chain is not None and all(uploaded(f"{n}.weight", uploads) for n, _ in chain),
+            chain is not None and all(uploaded(f"{n}.weight", setting.uploads) for n, _ in chain),
             f"{key}.name",
             cls.name,
             "needs every layer shared and a chain of conv/linear layers with biases, each "
-            f"followed by a Sigmoid, ending in a linear layer; model {scenario.model.name!r} "
-            f"under strategy {scenario.strategy.name!r} is not",
+            f"followed by a Sigmoid, ending in a linear layer; model {setting.model.name!r} "
+            f"under strategy {setting.strategy!r} is not",
         )
         assert chain is not None  # for mypy: required above
-        channels = 3 if scenario.data.channels == "rgb" else 1
-        shapes = input_shapes(model, chain, channels, scenario.data.image_size)
+        channels = 3 if setting.data.channels == "rgb" else 1
+        shapes = input_shapes(model, chain, channels, setting.data.image_size)
         largest = max(math.prod(shape) for shape in shapes.values())
         require(
             largest <= MAX_UNKNOWNS,
             f"{key}.name",
             cls.name,
-            f"solves each layer densely; model {scenario.model.name!r} has a layer input of "
+            f"solves each layer densely; model {setting.model.name!r} has a layer input of "
             f"{largest} values (at most {MAX_UNKNOWNS})",
         )
 

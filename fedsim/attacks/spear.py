@@ -49,13 +49,13 @@ from fedsim.attacks.analytic import (
     linear_layers,
     one_step_residual,
     reads_image,
-    scenario_model,
+    setting_model,
     uploaded,
 )
-from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.gradients import soft_cross_entropy, victim_model
 from fedsim.attacks.registry import ATTACKS
-from fedsim.core.config import Scenario, require
+from fedsim.core.config import require
 from fedsim.core.seeds import SeedStream, derive_seed
 
 EXACT = 1e-3
@@ -222,17 +222,15 @@ class Spear(AnalyticAttack):
     max_batch = 16
 
     @classmethod
-    def check_architecture(
-        cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str
-    ) -> None:
+    def check_architecture(cls, setting: AttackSetting, key: str) -> None:
         """The first layer is a shared linear layer with a bias on the image, then a ReLU."""
-        layer = first_relu_layer(scenario_model(scenario))
+        layer = first_relu_layer(setting_model(setting))
         require(
-            layer is not None and uploaded(f"{layer}.weight", uploads),
+            layer is not None and uploaded(f"{layer}.weight", setting.uploads),
             f"{key}.name",
             cls.name,
             "needs a shared first linear layer with a bias on the image, followed by a ReLU; "
-            f"model {scenario.model.name!r} under strategy {scenario.strategy.name!r} has none",
+            f"model {setting.model.name!r} under strategy {setting.strategy!r} has none",
         )
 
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:

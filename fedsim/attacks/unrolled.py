@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.matching import (
     MatchingProblem,
@@ -24,7 +24,7 @@ from fedsim.attacks.matching import (
     require_replayable,
 )
 from fedsim.attacks.registry import ATTACKS
-from fedsim.core.config import Scenario, require
+from fedsim.core.config import require
 
 
 @ATTACKS.register("unrolled-dlg")
@@ -32,14 +32,15 @@ class UnrolledDLG(DLG):
     """DLG matching a replayed multi-step local SGD update."""
 
     @classmethod
-    def check_scenario(cls, scenario: Scenario, uploads: tuple[str, ...] | None, key: str) -> None:
+    def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """Updates only (a probe is a gradient: there is nothing to replay), from plain SGD."""
-        audit, cfg = scenario.audit, scenario.client
+        cfg = setting.client
         require(
-            audit.threat_model == "update",
+            setting.threat_model == "update",
             f"{key}.name",
             "unrolled-dlg",
-            f'replays client updates; audit.threat-model = "{audit.threat_model}" gives gradients',
+            "replays client updates; "
+            f'audit.threat-model = "{setting.threat_model}" gives gradients',
         )
         require(
             cfg.optimizer == "sgd" and not cfg.momentum and not cfg.weight_decay,

@@ -34,7 +34,7 @@ from rich.console import Console
 from torch import nn
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
+from fedsim.attacks.base import Attack, AttackSetting, Observation, Reconstruction, SharedKind
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.attacks.registry import resolve_attack
 from fedsim.audit.observe import ServerView
@@ -50,7 +50,6 @@ from fedsim.core.config import (
     lookup,
     require,
     require_image_size,
-    scenario_from_dict,
 )
 from fedsim.core.data import DATASETS, DatasetBundle, Normalization, load_dataset
 from fedsim.core.devices import pick_device
@@ -198,16 +197,16 @@ class AttackExperiment:
         )
         check_model_fits(self.model, self.image_size, self.channels == "rgb", "--image-size")
         pick_device(self.device, "--device")
-        self.resolved_attack()  # validated up front
         # The probe is a whole model's gradient, as FedAvg's server sees it (uploads: all).
-        probed = scenario_from_dict(
-            {
-                "name": "fedsim-attack",
-                "data": {"dataset": self.dataset, "image-size": self.image_size},
-                "model": {"name": self.model, "init": self.init},
-            }
+        probed = AttackSetting(
+            ModelConfig(self.model, self.init),
+            ClientConfig(),
+            DataConfig(dataset=self.dataset, image_size=self.image_size),
+            "fedavg",
+            uploads=None,
+            audited=False,
         )
-        lookup(ATTACKS, self.attack, "--attack").check_scenario(probed, None, "--attack")
+        self.resolved_attack().cls.check_setting(probed, "--attack")
 
     def resolved_attack(self) -> Resolved:
         """The attack and its frozen ``Params`` from :attr:`params`."""

@@ -3,7 +3,7 @@
 An audit is only as strong as its strongest attack, so the default audit runs
 a portfolio rather than one attack: each registered attack in
 :data:`PORTFOLIO` order whose own
-:meth:`~fedsim.attacks.base.Attack.check_scenario` accepts the scenario (the
+:meth:`~fedsim.attacks.base.Attack.check_setting` accepts the scenario (the
 shared parameters, threat model, client optimiser, FedCG's generator, ...),
 with the step budget :func:`budget` gives for the model family. The budgets
 are caps: every optimisation attack also stops early once it has converged
@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedsim.attacks import ATTACKS
+from fedsim.attacks.base import AttackSetting
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import ComponentConfig, Scenario, ScenarioError
 
@@ -91,6 +92,7 @@ def resolve_attacks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tupl
             check_attack(attack, f"audit.attacks[{i}]", scenario, uploads)
             for i, attack in enumerate(attacks)
         )
+    setting = AttackSetting.of(scenario, uploads)
     chosen = []
     for name in PORTFOLIO:
         if name not in ATTACKS.names():
@@ -98,7 +100,7 @@ def resolve_attacks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tupl
         key = f"audit.attacks (auto: {name})"
         attack = resolve(ATTACKS, ComponentConfig(name, budget(name, scenario)), key)
         try:
-            attack.cls.check_scenario(scenario, uploads, key)
+            attack.cls.check_setting(setting, key)
         except ScenarioError:
             continue  # does not apply here
         chosen.append(attack)
@@ -110,5 +112,5 @@ def check_attack(
 ) -> Resolved:
     """The attack is registered, its parameters are valid, and the server sees what it needs."""
     resolved = resolve(ATTACKS, attack, key)
-    resolved.cls.check_scenario(scenario, uploads, key)
+    resolved.cls.check_setting(AttackSetting.of(scenario, uploads), key)
     return resolved
