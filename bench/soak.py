@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.outputs.results import (
+from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     AUDIT_IMAGES,
     CHECKPOINT_DIR,

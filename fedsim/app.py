@@ -38,14 +38,8 @@ from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, require
 from fedsim.outputs.report import write_run_report
-from fedsim.outputs.results import (
-    CLIENT_STATE_DIR,
-    RunRecorder,
-    new_run_dir,
-    save_model,
-    write_scenario,
-    write_summary,
-)
+from fedsim.outputs.results import RunRecorder, write_summary
+from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
 from fedsim.scenario.validate import validate
 from fedsim.scenarios import scenario_path, shipped_scenarios
 from fedsim.simulation.flower import quiet_flower, simulated

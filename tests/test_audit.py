@@ -14,7 +14,7 @@ import torch
 from fedsim.attacks.base import Observation
 from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.core.config import load_scenario
-from fedsim.outputs.results import MODEL_FILE
+from fedsim.outputs.run_folder import MODEL_FILE
 from fedsim.simulation.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from rich.console import Console
 from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.cli import main
 from fedsim.core.config import Scenario, ScenarioError
-from fedsim.outputs.results import METRICS_FILE
+from fedsim.outputs.run_folder import METRICS_FILE
 from fedsim.sweeps.compare import (
     MARKER,
     PLOT_FILE,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedsim.core.config import load_scenario, scenario_from_dict
-from fedsim.outputs.results import (
+from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     CLIENTS_FILE,
     METRICS_FILE,

@@ -26,7 +26,7 @@ from fedsim.clients.failures import STRAGGLER_GRACE_S, InjectedFailure, inject_f
 from fedsim.core import protocol
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
-from fedsim.outputs.results import CLIENTS_FILE, METRICS_FILE
+from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
 from fedsim.simulation.failures import FailurePlan, mark
 from fedsim.simulation.loop import Exchange
 from fedsim.simulation.runner import run_scenario

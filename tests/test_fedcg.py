@@ -17,7 +17,7 @@ from fedsim.core import protocol
 from fedsim.core.config import ModelConfig, ScenarioError, scenario_from_dict
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, build_generator
 from fedsim.core.models import InputSpec
-from fedsim.outputs.results import CLIENT_STATE_DIR, METRICS_FILE
+from fedsim.outputs.run_folder import CLIENT_STATE_DIR, METRICS_FILE
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.runner import run_scenario
 from fedsim.strategies.distillation import (

@@ -14,7 +14,7 @@ from fedsim.clients.fedsplit import FedSplitClient
 from fedsim.clients.private_state import STATE_KEY, load_private, state_file
 from fedsim.core.config import scenario_from_dict
 from fedsim.core.training import evaluate
-from fedsim.outputs.results import CLIENT_STATE_DIR, CLIENTS_FILE, METRICS_FILE
+from fedsim.outputs.run_folder import CLIENT_STATE_DIR, CLIENTS_FILE, METRICS_FILE
 from fedsim.simulation.runner import run_scenario
 
 CLASSIFIER_KEYS = {

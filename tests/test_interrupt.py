@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord
 from processes import fedsim, in_session, left, wait_for_ray_start
 
 from fedsim.core.protocol import RoundRecord
-from fedsim.outputs.results import METRICS_FILE, unlock_run_dir
+from fedsim.outputs.run_folder import METRICS_FILE, unlock_run_dir
 from fedsim.simulation.checkpoint import open_resume
 from fedsim.simulation.lifecycle import (
     SESSION_DIR,

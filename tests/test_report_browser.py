@@ -12,7 +12,7 @@ from test_compare import FakeRuns, _configs
 
 from fedsim.cli import main
 from fedsim.core.config import load_scenario
-from fedsim.outputs.results import AUDIT_IMAGES, REPORT_FILE
+from fedsim.outputs.run_folder import AUDIT_IMAGES, REPORT_FILE
 from fedsim.simulation.resources import RESOURCES_FILE
 from fedsim.simulation.runner import run_scenario
 from fedsim.sweeps.compare import run_sweep

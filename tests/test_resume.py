@@ -33,7 +33,8 @@ from fedsim.cli import main as cli_main
 from fedsim.clients.app import build_client_app
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
 from fedsim.core.protocol import RoundRecord
-from fedsim.outputs.results import (
+from fedsim.outputs.results import RunRecorder
+from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
@@ -41,7 +42,6 @@ from fedsim.outputs.results import (
     METRICS_FILE,
     MODEL_FILE,
     SCENARIO_FILE,
-    RunRecorder,
     new_run_dir,
     write_scenario,
 )

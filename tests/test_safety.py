@@ -24,11 +24,11 @@ from rich.console import Console
 from fedsim.cli import main as cli_main
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.protocol import RoundRecord
-from fedsim.outputs.results import (
+from fedsim.outputs.results import RunRecorder
+from fedsim.outputs.run_folder import (
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
     LOCK_FILE,
-    RunRecorder,
     new_run_dir,
     unlock_run_dir,
     write_scenario,

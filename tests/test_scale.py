@@ -16,7 +16,7 @@ from rich.console import Console
 from fedsim.clients.base import ClientEnv
 from fedsim.core.config import load_scenario
 from fedsim.core.partition import partition_dataset
-from fedsim.outputs.results import CLIENTS_FILE, METRICS_FILE
+from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
 from fedsim.simulation.runner import run_scenario
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "scale-1000.toml"

@@ -15,12 +15,12 @@ from fedsim.clients.app import build_client_app
 from fedsim.core.config import scenario_from_dict
 from fedsim.core.metrics import score_reconstruction
 from fedsim.outputs.figures import draw_pairs, scored_pairs
-from fedsim.outputs.results import (
+from fedsim.outputs.results import RunRecorder
+from fedsim.outputs.run_folder import (
     AUDIT_IMAGES,
     CLIENT_STATE_DIR,
     METRICS_FILE,
     TENSORBOARD_DIR,
-    RunRecorder,
     audit_image_name,
     new_run_dir,
 )

@@ -52,14 +52,14 @@ from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
 from fedsim.outputs.figures import draw_pairs, scored_pairs
 from fedsim.outputs.progress import AttackProgressLines
-from fedsim.outputs.results import (
+from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     AUDIT_IMAGES,
-    DEFAULT_SUCCESS_PSNR,
     VERDICT_FILE,
     audit_image_name,
     write_csv_atomic,
 )
+from fedsim.outputs.tables import DEFAULT_SUCCESS_PSNR
 from fedsim.outputs.verdict import round_verdict, verdict_line, victim_verdicts
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks

@@ -28,7 +28,7 @@ class CompareCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.outputs.results import REPORT_FILE as HTML_REPORT
+        from fedsim.outputs.run_folder import REPORT_FILE as HTML_REPORT
         from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RunInterrupted
         from fedsim.sweeps.compare import (
             REPORT_FILE,

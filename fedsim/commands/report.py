@@ -17,7 +17,7 @@ class ReportCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from fedsim.outputs.report import write_run_report
-        from fedsim.outputs.results import METRICS_FILE, SCENARIO_FILE
+        from fedsim.outputs.run_folder import METRICS_FILE, SCENARIO_FILE
         from fedsim.sweeps.compare import SWEEP_FILE, write_sweep_report
 
         folder = Path(args.dir)

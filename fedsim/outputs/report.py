@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +33,26 @@ from fedsim.core.metrics import EXACT_PSNR
 from fedsim.core.protocol import AuditRecord
 from fedsim.outputs.figures import data_uri, figure_png
 from fedsim.outputs.report_templates import TEMPLATES
-from fedsim.outputs.results import (
+from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     AUDIT_IMAGES,
-    DEFAULT_SUCCESS_PSNR,
     METRICS_FILE,
     REPORT_FILE,
     SCENARIO_FILE,
     audit_image_name,
-    audit_seed,
-    audit_table,
-    duration,
-    mean_std_text,
-    number_text,
     read_wall_seconds,
+)
+from fedsim.outputs.tables import (
+    DEFAULT_SUCCESS_PSNR,
+    VERDICT_VICTIM_COLUMNS,
+    Column,
+    attack_summary_table,
+    audit_seed,
+    duration,
+    formatted_rows,
+    mean_std_text,
+    number_cell,
+    number_text,
     round_verdict_table,
 )
 from fedsim.outputs.verdict import victim_verdicts
@@ -69,15 +74,6 @@ LOSS = (protocol.TRAIN_LOSS, protocol.TEST_LOSS, protocol.CLIENT_EVAL_LOSS)
 AUDIT_SCORES = (("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("label_acc", "label accuracy"))
 
 
-@dataclass(frozen=True)
-class Column:
-    """A table column: the row key, its heading, and ``text``/``number``/``link``."""
-
-    key: str
-    title: str
-    kind: str = "number"
-
-
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.DictLoader(TEMPLATES),
@@ -92,23 +88,6 @@ def _render(template: str, path: Path, **context: Any) -> Path:
     tmp.write_text(page)
     tmp.replace(path)
     return path
-
-
-def _number(value: Any, digits: int = 3) -> str:
-    """A table cell: floats to ``digits`` decimals, nan as ``-``."""
-    if isinstance(value, float | np.floating) and not isinstance(value, bool):
-        if math.isnan(value):
-            return "-"
-        if math.isinf(value) or (value != 0 and abs(value) < 10**-digits):
-            return f"{value:.3g}"  # inf, or a tiny objective that would print as 0.000
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _formatted(
-    rows: Iterable[Mapping[Any, Any]], digits: Mapping[str, int]
-) -> list[dict[str, str]]:
-    return [{k: _number(v, digits.get(k, 3)) for k, v in row.items()} for row in rows]
 
 
 def _curve_columns(metrics: pd.DataFrame) -> list[str]:
@@ -257,53 +236,10 @@ def _overview(run_dir: Path, metrics: pd.DataFrame) -> list[str]:
     return lines
 
 
-AUDIT_SUMMARY_COLUMNS = [
-    Column("attack", "attack", "text"),
-    Column("attacks", "attacks"),
-    Column("psnr-mean", "PSNR mean (dB)"),
-    Column("psnr-median", "PSNR median"),
-    Column("psnr-max", "PSNR max"),
-    Column("success-rate", "success"),
-    Column("ssim-mean", "SSIM"),
-    Column("label-acc-mean", "label acc."),
-    Column("converged-share", "converged"),
-    Column("seconds-mean", "seconds"),
-]
 AUDIT_ROW_FIELDS = (
     *("round", "client", "attack", "threat_model", "batch_size"),
     *("psnr", "ssim", "label_acc", "final_objective", "steps_taken", "converged", "seconds"),
 )
-VERDICT_ROUND_COLUMNS = [
-    Column("round", "round"),
-    Column("victims", "victims"),
-    Column("psnr", "verdict PSNR (median)"),
-    Column("psnr-interval", "95 % interval", "text"),
-    Column("success", "success", "text"),
-    Column("ssim", "SSIM (median)"),
-    Column("label-acc", "label acc. (median)"),
-    Column("bound", "bound", "text"),
-    Column("strongest", "strongest attack", "text"),
-]
-VERDICT_VICTIM_COLUMNS = [
-    Column(k, k, "text" if k.endswith("attack") or k == "bound" else "number")
-    for k in (
-        "round",
-        "client",
-        "batch-size",
-        "attacks",
-        "attacks-converged",
-        "bound",
-        "psnr",
-        "psnr-attack",
-        "ssim",
-        "ssim-attack",
-        "label-acc",
-        "label-acc-attack",
-        "pick-attack",
-        "pick-psnr",
-        "pick-residual",
-    )
-]
 
 
 def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> Path:
@@ -329,21 +265,20 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
     if not audit.empty:
         verdicts = victim_verdicts(audit)  # derived from audit.csv, as verdict.csv is
         rounds = round_verdict_table(verdicts, audit_seed(run_dir), success_psnr)
-        summary = audit_table(audit, success_psnr)
-        summary["success-rate"] = [f"{v:.0%}" for v in summary["success-rate"]]
+        summary = attack_summary_table(audit, success_psnr)
         columns = [Column(AuditRecord.column(f), AuditRecord.column(f)) for f in AUDIT_ROW_FIELDS]
         context.update(
             verdict_curves=data_uri(
                 figure_png(verdict_figure(pd.DataFrame(rounds.raw), audit, success_psnr))
             ),
-            verdict_rounds=rounds.rows,
-            verdict_round_columns=VERDICT_ROUND_COLUMNS,
-            verdict_victims=_formatted(verdicts.to_dict("records"), {}),
+            verdict_rounds=rounds.table.rows,
+            verdict_round_columns=rounds.table.columns,
+            verdict_victims=formatted_rows(verdicts.to_dict("records"), {}),
             verdict_victim_columns=VERDICT_VICTIM_COLUMNS,
             audit_curves=data_uri(figure_png(audit_curves_figure(audit, success_psnr))),
-            audit_summary=_formatted(summary.to_dict("records"), {}),
-            audit_summary_columns=AUDIT_SUMMARY_COLUMNS,
-            audit_rows=_formatted(audit.to_dict("records"), {}),
+            audit_summary=summary.rows,
+            audit_summary_columns=summary.columns,
+            audit_rows=formatted_rows(audit.to_dict("records"), {}),
             audit_columns=columns,
             reconstruction_rounds=_reconstruction_rounds(run_dir, audit),
         )
@@ -410,10 +345,10 @@ def write_compare_report(
             "configuration": r["configuration"],
             "seed": str(r["seed"]),
             "attack": r["attack"] or "-",
-            "accuracy": _number(r["accuracy"]),
-            "psnr": _number(r["psnr"], 2),
-            "psnr-max": _number(r.get("psnr-max", math.nan), 2),
-            "seconds": _number(r["seconds"], 1),
+            "accuracy": number_cell(r["accuracy"]),
+            "psnr": number_cell(r["psnr"], 2),
+            "psnr-max": number_cell(r.get("psnr-max", math.nan), 2),
+            "seconds": number_cell(r["seconds"], 1),
             "report": f"{r['run']}/{run_report}",
         }
         for r in results.to_dict("records")

@@ -18,7 +18,8 @@ from PIL import Image
 
 from fedsim.core import protocol
 from fedsim.core.protocol import RoundRecord
-from fedsim.outputs.results import AUDIT_IMAGES, TENSORBOARD_DIR, RunRecorder
+from fedsim.outputs.results import RunRecorder
+from fedsim.outputs.run_folder import AUDIT_IMAGES, TENSORBOARD_DIR
 
 
 class TensorBoardLog:

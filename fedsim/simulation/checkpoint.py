@@ -64,7 +64,7 @@ from fedsim.core.config import (
     scenario_to_dict,
 )
 from fedsim.core.protocol import RoundRecord
-from fedsim.outputs.results import (
+from fedsim.outputs.run_folder import (
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
     MODEL_FILE,

@@ -25,14 +25,8 @@ from fedsim.core.models import InputSpec
 from fedsim.core.training import client_config_record
 from fedsim.outputs.progress import Phases
 from fedsim.outputs.report import write_run_report
-from fedsim.outputs.results import (
-    CLIENT_STATE_DIR,
-    RunRecorder,
-    new_run_dir,
-    save_model,
-    write_scenario,
-    write_summary,
-)
+from fedsim.outputs.results import RunRecorder, write_summary
+from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
 from fedsim.outputs.tensorboard import TensorBoardLog
 from fedsim.scenario.validate import Components, actor_count, ray_cpus, validate
 from fedsim.simulation.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng

@@ -95,22 +95,17 @@ from fedsim.core.config import (
     scenario_to_dict,
 )
 from fedsim.core.protocol import AuditRecord
-from fedsim.outputs.results import (
+from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     CHECKPOINT_DIR,
-    DEFAULT_SUCCESS_PSNR,
     METRICS_FILE,
     SCENARIO_FILE,
     SUMMARY_FILE,
-    leakage_stats,
-    mean_std_text,
-    number_text,
     read_wall_seconds,
     unlock_run_dir,
 )
-from fedsim.outputs.results import (
-    REPORT_FILE as RUN_REPORT_FILE,
-)
+from fedsim.outputs.run_folder import REPORT_FILE as RUN_REPORT_FILE
+from fedsim.outputs.tables import DEFAULT_SUCCESS_PSNR, leakage_stats, mean_std_text, number_text
 from fedsim.outputs.verdict import victim_verdicts
 from fedsim.scenario.validate import check_components, check_machine
 from fedsim.simulation.checkpoint import checkpointed_round, open_resume
