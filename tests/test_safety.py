@@ -43,7 +43,7 @@ from fedsim.simulation.checkpoint import (
     recover,
     sha256,
 )
-from fedsim.sweeps.compare import MARKER, is_finished
+from fedsim.sweeps.runs import MARKER, is_finished
 
 QUIET = Console(quiet=True)
 SCENARIO: dict[str, Any] = {
