@@ -20,7 +20,6 @@ from processes import fedsim, in_session, left, wait_for_ray_start
 
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.results import METRICS_FILE, unlock_run_dir
-from fedsim.simulation.checkpoint import open_resume
 from fedsim.simulation.lifecycle import (
     SESSION_DIR,
     ChildRuns,
@@ -30,6 +29,7 @@ from fedsim.simulation.lifecycle import (
     descendants,
     reap_orphans,
 )
+from fedsim.simulation.resume import open_resume
 
 # Many short rounds: the run is still going whenever the test signals it.
 LONG = {

@@ -39,10 +39,10 @@ from fedsim.simulation.checkpoint import (
     STATE_FILE,
     Checkpointer,
     commit,
-    open_resume,
     recover,
     sha256,
 )
+from fedsim.simulation.resume import open_resume
 from fedsim.sweeps.runs import MARKER, is_finished
 
 QUIET = Console(quiet=True)

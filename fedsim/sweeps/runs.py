@@ -41,7 +41,7 @@ from fedsim.outputs.results import (
     SCENARIO_FILE,
     unlock_run_dir,
 )
-from fedsim.simulation.checkpoint import checkpointed_round, open_resume
+from fedsim.simulation.checkpoint import checkpointed_round
 from fedsim.simulation.lifecycle import (
     INTERRUPTED_STATUS,
     ChildRuns,
@@ -49,6 +49,7 @@ from fedsim.simulation.lifecycle import (
     RunInterrupted,
     reap_orphans,
 )
+from fedsim.simulation.resume import open_resume
 from fedsim.sweeps.report import write_outputs
 from fedsim.sweeps.spec import CompareSpec, Configuration, check_machines
 from fedsim.sweeps.table import collect_attacks, collect_results, summarise
