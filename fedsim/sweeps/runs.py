@@ -5,7 +5,7 @@ process (one Ray start each; on 2 cores a run already uses both).
 ``parallel = N`` runs N at once, each as ``fedsim run`` in a subprocess with
 its own Ray (give the base ``backend.ray-cpus`` so they share the machine); a
 Ctrl-C to the sweep stops each at its round end, and a sweep killed outright
-takes its runs with it (:class:`fedsim.simulation.lifecycle.ChildRuns`).
+takes its runs with it (:class:`fedsim.simulation.children.ChildRuns`).
 
 Resume: each run lives in ``<out>/runs/<configuration>/seed-<k>``; when it
 ends, a marker (``compare.json``: the hash of its resolved scenario) is
@@ -42,13 +42,8 @@ from fedsim.outputs.results import (
     unlock_run_dir,
 )
 from fedsim.simulation.checkpoint import checkpointed_round
-from fedsim.simulation.lifecycle import (
-    INTERRUPTED_STATUS,
-    ChildRuns,
-    RaySession,
-    RunInterrupted,
-    reap_orphans,
-)
+from fedsim.simulation.children import ChildRuns
+from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RaySession, RunInterrupted, reap_orphans
 from fedsim.simulation.resume import open_resume
 from fedsim.sweeps.report import write_outputs
 from fedsim.sweeps.spec import CompareSpec, Configuration, check_machines
