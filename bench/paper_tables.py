@@ -1,6 +1,6 @@
 """FedCG's Tables 1 and 2 (Wu et al. 2022) at a fraction of the paper's budget, paper beside ours.
 
-One sweep (:mod:`fedsim.sweeps.compare`) over the FMNIST(4) setting of
+One sweep (:mod:`fedsim.sweeps`) over the FMNIST(4) setting of
 ``scenarios/fmnist4-*.toml`` (4 IID clients x 2,000 Fashion-MNIST training
 images, LeNet-5, Adam lr 3e-4, weight decay 1e-4, batch 16) builds both tables,
 as the paper's Table 2 accuracies are its Table 1 runs:
@@ -48,14 +48,8 @@ import pandas as pd
 from rich.console import Console
 
 from fedsim.core.config import ScenarioError, apply_overrides, read_toml
-from fedsim.sweeps.compare import (
-    CompareSpec,
-    DefenceEntry,
-    StrategyEntry,
-    configurations,
-    merge,
-    run_sweep,
-)
+from fedsim.sweeps.runs import run_sweep
+from fedsim.sweeps.spec import CompareSpec, DefenceEntry, StrategyEntry, configurations, merge
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"

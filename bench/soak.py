@@ -68,7 +68,7 @@ class Sample:
 
 def tree_rss(root: int) -> int:
     """Resident bytes of ``root`` and its descendants (see the module docstring)."""
-    from fedsim.simulation.lifecycle import descendants
+    from fedsim.simulation.procfs import descendants
 
     total = 0
     for pid in (root, *descendants(root)):

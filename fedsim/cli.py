@@ -15,7 +15,8 @@ from fedsim import fedsim_version
 from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError
 from fedsim.core.registry import UnknownNameError
-from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RunInterrupted, end_with_parent
+from fedsim.simulation.children import end_with_parent
+from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:

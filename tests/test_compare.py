@@ -15,20 +15,10 @@ from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.cli import main
 from fedsim.core.config import Scenario, ScenarioError
 from fedsim.outputs.run_folder import METRICS_FILE
-from fedsim.sweeps.compare import (
-    MARKER,
-    PLOT_FILE,
-    REPORT_FILE,
-    RESULTS_FILE,
-    RUNS_DIR,
-    TABLE_CSV,
-    TABLE_MD,
-    Configuration,
-    configurations,
-    load_spec,
-    run_results,
-    run_sweep,
-)
+from fedsim.sweeps.report import PLOT_FILE, REPORT_FILE, RESULTS_FILE, TABLE_CSV, TABLE_MD
+from fedsim.sweeps.runs import MARKER, RUNS_DIR, run_sweep
+from fedsim.sweeps.spec import Configuration, configurations, load_spec
+from fedsim.sweeps.table import run_results
 
 BASE: dict[str, Any] = {
     "federation": {"num-clients": 2, "rounds": 2},

@@ -100,7 +100,7 @@ def test_shipped_scenarios_validate_without_data_or_gpus(monkeypatch: pytest.Mon
     import torch
 
     from fedsim.core import data
-    from fedsim.sweeps.compare import configurations, load_spec
+    from fedsim.sweeps.spec import configurations, load_spec
 
     def untouchable(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("validation reached the machine")

@@ -20,16 +20,10 @@ from processes import fedsim, in_session, left, wait_for_ray_start
 
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import METRICS_FILE, unlock_run_dir
-from fedsim.simulation.checkpoint import open_resume
-from fedsim.simulation.lifecycle import (
-    SESSION_DIR,
-    ChildRuns,
-    RunInterrupted,
-    StopGuard,
-    _stat,
-    descendants,
-    reap_orphans,
-)
+from fedsim.simulation.children import ChildRuns
+from fedsim.simulation.lifecycle import SESSION_DIR, RunInterrupted, StopGuard, reap_orphans
+from fedsim.simulation.procfs import descendants, proc_stat
+from fedsim.simulation.resume import open_resume
 
 # Many short rounds: the run is still going whenever the test signals it.
 LONG = {
@@ -69,7 +63,7 @@ def _alive(processes: dict[int, int], wait: float = 10.0) -> list[int]:
     delivered asynchronously: a killed process can take a moment to go)."""
     deadline = time.monotonic() + wait
     while True:
-        alive = [pid for pid, start in processes.items() if (_stat(pid) or (0, -1))[1] == start]
+        alive = [pid for pid, start in processes.items() if (proc_stat(pid) or (0, -1))[1] == start]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)
@@ -252,14 +246,14 @@ def test_a_parallel_sweep_killed_or_interrupted_leaves_nothing_and_continues(
 
 def test_a_child_run_ends_with_the_sweep_that_started_it() -> None:
     child = (
-        "import os, time; from fedsim.simulation.lifecycle import end_with_parent; "
+        "import os, time; from fedsim.simulation.children import end_with_parent; "
         "end_with_parent(); print(os.getpid(), os.getsid(0), flush=True); time.sleep(60)"
     )
     sweep = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys; from fedsim.simulation.lifecycle import ChildRuns; "
+            "import sys; from fedsim.simulation.children import ChildRuns; "
             f"ChildRuns().run([sys.executable, '-c', {child!r}], sys.stdout)",
         ],
         stdout=subprocess.PIPE,
@@ -267,7 +261,7 @@ def test_a_child_run_ends_with_the_sweep_that_started_it() -> None:
     )
     assert sweep.stdout is not None
     pid, sid = map(int, sweep.stdout.readline().split())
-    start = (_stat(pid) or (0, -1))[1]
+    start = (proc_stat(pid) or (0, -1))[1]
 
     sweep.kill()
     sweep.wait(timeout=10)
@@ -298,7 +292,7 @@ def test_reaping_kills_the_unrecorded_rest_of_a_dead_drivers_group() -> None:
     )
     assert leader.stdout is not None
     straggler = int(leader.stdout.readline())
-    start = (_stat(straggler) or (0, -1))[1]
+    start = (proc_stat(straggler) or (0, -1))[1]
     leader.wait(timeout=10)
     SESSION_DIR.mkdir(parents=True, exist_ok=True)
     record = {"driver": [leader.pid, 0], "group-leader": True, "run-dir": "", "processes": {}}

@@ -15,7 +15,7 @@ from fedsim.core.config import load_scenario
 from fedsim.outputs.run_folder import AUDIT_IMAGES, REPORT_FILE
 from fedsim.simulation.resources import RESOURCES_FILE
 from fedsim.simulation.runner import run_scenario
-from fedsim.sweeps.compare import run_sweep
+from fedsim.sweeps.runs import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SECTIONS = [

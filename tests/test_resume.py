@@ -53,13 +53,12 @@ from fedsim.simulation.checkpoint import (
     capture_rng,
     checkpointed_round,
     commit,
-    open_resume,
     recover,
-    restore_client_state,
     restore_rng,
     sha256,
 )
 from fedsim.simulation.flower import message_context
+from fedsim.simulation.resume import open_resume, restore_client_state
 from fedsim.simulation.runner import run_scenario, serve
 from fedsim.strategies import STRATEGIES
 

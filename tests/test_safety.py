@@ -39,11 +39,11 @@ from fedsim.simulation.checkpoint import (
     STATE_FILE,
     Checkpointer,
     commit,
-    open_resume,
     recover,
     sha256,
 )
-from fedsim.sweeps.compare import MARKER, is_finished
+from fedsim.simulation.resume import open_resume
+from fedsim.sweeps.runs import MARKER, is_finished
 
 QUIET = Console(quiet=True)
 SCENARIO: dict[str, Any] = {

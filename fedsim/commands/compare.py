@@ -1,4 +1,4 @@
-"""``fedsim compare SPEC [--out DIR] [--dry-run]``: a sweep, see :mod:`fedsim.sweeps.compare`."""
+"""``fedsim compare SPEC [--out DIR] [--dry-run]``: a sweep, see :mod:`fedsim.sweeps`."""
 
 from __future__ import annotations
 
@@ -30,15 +30,9 @@ class CompareCommand:
     def run(self, args: argparse.Namespace) -> int:
         from fedsim.outputs.run_folder import REPORT_FILE as HTML_REPORT
         from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RunInterrupted
-        from fedsim.sweeps.compare import (
-            REPORT_FILE,
-            RUNS_DIR,
-            check_machines,
-            configurations,
-            is_finished,
-            load_spec,
-            run_sweep,
-        )
+        from fedsim.sweeps.report import REPORT_FILE
+        from fedsim.sweeps.runs import RUNS_DIR, is_finished, run_sweep
+        from fedsim.sweeps.spec import check_machines, configurations, load_spec
 
         spec, base = load_spec(scenario_path(args.spec))
         configs = configurations(spec, base)

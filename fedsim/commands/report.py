@@ -18,7 +18,7 @@ class ReportCommand:
     def run(self, args: argparse.Namespace) -> int:
         from fedsim.outputs.report import write_run_report
         from fedsim.outputs.run_folder import METRICS_FILE, SCENARIO_FILE
-        from fedsim.sweeps.compare import SWEEP_FILE, write_sweep_report
+        from fedsim.sweeps.report import SWEEP_FILE, write_sweep_report
 
         folder = Path(args.dir)
         if (folder / SWEEP_FILE).is_file():

@@ -41,7 +41,7 @@ class RunCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.simulation.checkpoint import open_resume
+        from fedsim.simulation.resume import open_resume
         from fedsim.simulation.runner import run_scenario
         from fedsim.strategies.base import TooFewReplies
 

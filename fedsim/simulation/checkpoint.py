@@ -18,10 +18,7 @@ discarded) or round ``r`` (a ``commit-`` is finished) when it is resumed.
 Clients may already have written private files for a round that never
 committed; resuming puts ``client_state/`` back as the checkpoint has it.
 
-Resuming trusts nothing in the folder: a checkpoint file that differs from its
-checksum, a missing client file, a symbolic link anywhere, or a name that
-leads outside the folder is refused with one line before anything is loaded
-(:func:`fedsim.outputs.results.check_no_links`, :func:`~fedsim.outputs.results.inside`).
+Resuming (:mod:`fedsim.simulation.resume`) verifies and loads what this writes.
 
 What is not saved, because it is derived again: client sampling and injected
 failures (seeded by seed and round), client training seeds (seed, round,
@@ -42,7 +39,6 @@ import os
 import random
 import shutil
 import stat
-import tomllib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,26 +49,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedsim.clients.private_state import read_private
-from fedsim.core.config import (
-    Scenario,
-    ScenarioError,
-    first_line,
-    load_scenario,
-    path_kind,
-    require,
-    scenario_to_dict,
-)
+from fedsim.core.config import Scenario, ScenarioError, scenario_to_dict
 from fedsim.core.protocol import RoundRecord
-from fedsim.outputs.run_folder import (
-    CHECKPOINT_DIR,
-    CLIENT_STATE_DIR,
-    MODEL_FILE,
-    SCENARIO_FILE,
-    check_no_links,
-    inside,
-    lock_run_dir,
-)
+from fedsim.outputs.run_folder import CHECKPOINT_DIR, CLIENT_STATE_DIR, inside
 from fedsim.strategies.base import FedsimStrategy
 
 STATE_FILE = "state.pt"
@@ -151,7 +130,7 @@ def restore_rng(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _files(root: Path) -> dict[str, os.stat_result]:
+def regular_files(root: Path) -> dict[str, os.stat_result]:
     """Regular files under ``root`` (links are never followed nor copied)."""
     # A client that missed the reply deadline may still be writing (a temporary
     # file renamed away mid-scan); what vanishes is left to the next checkpoint.
@@ -178,19 +157,19 @@ def _differences(source: Path, target: Path) -> tuple[list[str], list[str]]:
 
     Copies keep size and mtime (``shutil.copy2``), so equal stats mean equal files.
     """
-    have, want = _files(target), _files(source)
+    have, want = regular_files(target), regular_files(source)
     changed = [
         rel for rel, st in want.items() if rel not in have or _stamp(st) != _stamp(have[rel])
     ]
     return sorted(changed), sorted(set(have) - set(want))
 
 
-def _copy(source: Path, target: Path, files: Sequence[str]) -> None:
+def copy_files(source: Path, target: Path, files: Sequence[str]) -> None:
     for rel in files:
         destination = inside(target, rel)
         destination.parent.mkdir(parents=True, exist_ok=True)
         destination.unlink(missing_ok=True)  # a link there is removed, never written through
-        with contextlib.suppress(FileNotFoundError):  # see _files
+        with contextlib.suppress(FileNotFoundError):  # see regular_files
             shutil.copy2(inside(source, rel), destination, follow_symlinks=False)
 
 
@@ -205,7 +184,7 @@ def _apply(checkpoint_dir: Path, commit: Path) -> None:
     """Move a committed round's files into place; safe to repeat after a crash."""
     mirror = checkpoint_dir / CLIENT_STATE_DIR
     staged = commit / CLIENT_STATE_DIR
-    for rel in _files(staged):
+    for rel in regular_files(staged):
         destination = inside(mirror, rel)
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged / rel, destination)
@@ -219,7 +198,7 @@ def _apply(checkpoint_dir: Path, commit: Path) -> None:
     shutil.rmtree(commit)
 
 
-def _read_manifest(checkpoint_dir: Path) -> dict[str, Any] | None:
+def read_manifest(checkpoint_dir: Path) -> dict[str, Any] | None:
     path = checkpoint_dir / MANIFEST_FILE
     if not path.is_file():
         return None
@@ -246,11 +225,11 @@ def commit(run_dir: Path, server_round: int, state: dict[str, Any]) -> None:
     torch.save(_plain(state), stage / STATE_FILE)
     live = run_dir / CLIENT_STATE_DIR
     changed, deleted = _differences(live, checkpoint_dir / CLIENT_STATE_DIR)
-    _copy(live, stage / CLIENT_STATE_DIR, changed)
+    copy_files(live, stage / CLIENT_STATE_DIR, changed)
     (stage / DELETED_FILE).write_text(json.dumps(deleted))
-    previous = _read_manifest(checkpoint_dir) or {CLIENT_STATE_DIR: {}}
+    previous = read_manifest(checkpoint_dir) or {CLIENT_STATE_DIR: {}}
     digests = {k: v for k, v in previous[CLIENT_STATE_DIR].items() if k not in deleted}
-    for rel, _st in _files(stage / CLIENT_STATE_DIR).items():
+    for rel, _st in regular_files(stage / CLIENT_STATE_DIR).items():
         digests[rel] = sha256(stage / CLIENT_STATE_DIR / rel)
     manifest = {"state": sha256(stage / STATE_FILE), CLIENT_STATE_DIR: digests}
     (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True))
@@ -268,86 +247,6 @@ def recover(run_dir: Path) -> None:
         _apply(checkpoint_dir, path)
     for path in checkpoint_dir.glob("stage-*"):
         shutil.rmtree(path)
-
-
-def verify_checkpoint(run_dir: Path) -> dict[str, str]:
-    """Check ``checkpoint/`` against its manifest; return the client files' digests.
-
-    Raises :class:`ScenarioError` for a changed, damaged or missing file.
-    """
-    checkpoint_dir = run_dir / CHECKPOINT_DIR
-    manifest = _read_manifest(checkpoint_dir)
-    require(
-        manifest is not None,
-        "--resume",
-        str(run_dir),
-        f"{CHECKPOINT_DIR}/{MANIFEST_FILE} is missing: the checkpoint cannot be verified "
-        "(written by an older fedsim, or damaged); start the run again",
-    )
-    assert manifest is not None
-    if sha256(checkpoint_dir / STATE_FILE) != manifest["state"]:
-        raise ScenarioError(
-            "--resume",
-            str(run_dir),
-            f"{CHECKPOINT_DIR}/{STATE_FILE} does not match its checksum: it was changed or "
-            "damaged after it was written",
-        )
-    digests: dict[str, str] = manifest[CLIENT_STATE_DIR]
-    mirror = checkpoint_dir / CLIENT_STATE_DIR
-    found = _files(mirror)
-    for rel, digest in sorted(digests.items()):
-        path = inside(mirror, rel)
-        where = f"{CHECKPOINT_DIR}/{CLIENT_STATE_DIR}/{rel}"
-        require(rel in found, "--resume", str(run_dir), f"{where} is missing")
-        if sha256(path) != digest:
-            raise ScenarioError(
-                "--resume", str(run_dir), f"{where} does not match its checksum (damaged)"
-            )
-    extra = sorted(set(found) - set(digests))
-    require(
-        not extra,
-        "--resume",
-        str(run_dir),
-        f"{CHECKPOINT_DIR}/{CLIENT_STATE_DIR}/{extra[0] if extra else ''} is not in the "
-        "checkpoint's manifest",
-    )
-    return digests
-
-
-def check_client_files(run_dir: Path, digests: Mapping[str, str]) -> None:
-    """Every private-state file (``*.pt``) of the checkpoint loads as one, weights only.
-
-    Checksums prove a file unchanged since it was written, not that a fedsim client
-    wrote it: a forger can update the manifest too. A client would fail on it in its
-    actor; refused here instead, naming the file.
-    """
-    mirror = run_dir / CHECKPOINT_DIR / CLIENT_STATE_DIR
-    for rel in sorted(r for r in digests if r.endswith(".pt")):
-        try:
-            read_private(inside(mirror, rel))
-        except ValueError as err:
-            raise ScenarioError(
-                "--resume",
-                str(run_dir),
-                f"{CHECKPOINT_DIR}/{CLIENT_STATE_DIR}/{rel} is not a weights-only state dict "
-                f"of a fedsim client ({err}); start the run again",
-            ) from None
-
-
-def restore_client_state(run_dir: Path) -> None:
-    """Put ``client_state/`` back as the checkpoint has it (clients may have written past it).
-
-    Files are compared by checksum with the checkpoint's manifest: a damaged,
-    missing or extra live file is replaced or removed.
-    """
-    live = run_dir / CLIENT_STATE_DIR
-    mirror = run_dir / CHECKPOINT_DIR / CLIENT_STATE_DIR
-    digests = verify_checkpoint(run_dir)
-    have = _files(live)
-    for rel in sorted(set(have) - set(digests)):
-        inside(live, rel).unlink()
-    stale = [rel for rel, d in digests.items() if rel not in have or sha256(live / rel) != d]
-    _copy(mirror, live, stale)
 
 
 class Checkpointer:
@@ -379,123 +278,7 @@ class Checkpointer:
         commit(self.run_dir, record.round, state)
 
 
-def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, Mapping):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def checkpointed_round(run_dir: Path) -> int | None:
     """The last round ``run_dir`` holds a checkpoint of, if any."""
     path = run_dir / CHECKPOINT_DIR / STATE_FILE
     return int(torch.load(path, weights_only=True)["round"]) if path.is_file() else None
-
-
-def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
-    """The scenario and last checkpoint of ``run_dir``, ready to continue.
-
-    Finishes an interrupted commit and puts ``client_state/`` back as the
-    checkpoint has it. Raises :class:`ScenarioError` when the folder cannot
-    resume. ``federation.rounds`` in the run's ``scenario.toml`` may be raised
-    to extend a run; any other change since the checkpoint is refused.
-    """
-    path = Path(run_dir)
-    require(
-        path.is_dir(),
-        "--resume",
-        str(path),
-        f"is {path_kind(path)}; expected a run directory (the folder fedsim run wrote)",
-    )
-    require(
-        (path / SCENARIO_FILE).is_file(),
-        "--resume",
-        str(path),
-        f"is not a fedsim run directory (no {SCENARIO_FILE})",
-    )
-    check_no_links(path)
-    lock_run_dir(path)
-    scenario = load_scenario(path / SCENARIO_FILE)
-    recover(path)
-    state_path = path / CHECKPOINT_DIR / STATE_FILE
-    require(
-        state_path.is_file() or not os.path.lexists(state_path),
-        "--resume",
-        str(path),
-        f"{CHECKPOINT_DIR}/{STATE_FILE} is {path_kind(state_path)}; expected the checkpoint "
-        "file torch.save wrote",
-    )
-    require(
-        state_path.is_file(),
-        "--resume",
-        str(path),
-        "has no checkpoint: the run stopped before its first round ended; start it again",
-    )
-    check_client_files(path, verify_checkpoint(path))
-    try:
-        state = torch.load(state_path, weights_only=True)
-    except Exception as err:  # any unreadable file is one refusal
-        # weights_only refuses arbitrary objects (UnpicklingError); truncation
-        # and garbage raise whatever the zip or pickle reader meets first.
-        reason = first_line(err)
-        raise ScenarioError(
-            "--resume",
-            str(path),
-            f"{CHECKPOINT_DIR}/{STATE_FILE} is not a fedsim checkpoint: {reason}",
-        ) from None
-    require(
-        isinstance(state, dict) and state.get("format") == FORMAT,
-        "--resume",
-        str(path),
-        f"checkpoint format unknown (this fedsim writes format {FORMAT})",
-    )
-    missing = [key for key in STATE_KEYS if key not in state]
-    require(
-        not missing,
-        "--resume",
-        str(path),
-        f"{CHECKPOINT_DIR}/{STATE_FILE} lacks {', '.join(missing)}: not a complete checkpoint",
-    )
-    # The file as written, not as parsed: keys a newer fedsim added, with their
-    # defaults, are no edit.
-    written = tomllib.loads((path / SCENARIO_FILE).read_text())
-    saved, now = _flat(state["scenario"]), _flat(written)
-    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
-    changed = [k for k in changed if k != "federation.rounds"]
-    if changed:
-        raise ScenarioError(
-            "--resume",
-            str(path),
-            f"{SCENARIO_FILE} changed since the checkpoint ({changed[0]}); "
-            "only federation.rounds may change",
-        )
-    rounds = scenario.federation.rounds
-    # Fewer rounds than were run would leave metrics and summary disagreeing with
-    # scenario.toml.
-    require(
-        rounds >= state["round"],
-        "federation.rounds",
-        rounds,
-        f"is below the {state['round']} rounds {path} already ran; rounds may only be raised",
-    )
-    # Killed after the last round's checkpoint but before the final model was
-    # saved: resuming runs no round and writes what is missing.
-    require(
-        state["round"] < rounds or not (path / MODEL_FILE).is_file(),
-        "--resume",
-        str(path),
-        f"the run already finished all {rounds} rounds (raise federation.rounds to extend it)",
-    )
-    restore_client_state(path)
-    checkpoint = Checkpoint(
-        run_dir=path,
-        round=state["round"],
-        arrays=ArrayRecord(state["arrays"]),
-        strategy=state["strategy"],
-        rng=state["rng"],
-        components=state["components"],
-    )
-    return scenario, checkpoint

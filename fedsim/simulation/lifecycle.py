@@ -22,31 +22,32 @@ also has the rest of its group killed (processes it started in its last
 second, before a scan recorded them), as the kernel gives no new process the
 group's number while a member lives.
 
-**Child runs.** A parallel ``fedsim compare`` starts each run as ``fedsim run``
-in its own session (:class:`ChildRuns`): a Ctrl-C reaches a child once, from
-the driver, not twice (the second would force its stop). A child ends with
-its driver: it asks the kernel for SIGTERM when the driver dies
-(:func:`end_with_parent`), and the driver's session file lists the children
-for the next run to reap.
+**Child runs** of a parallel sweep are :mod:`fedsim.simulation.children`'s;
+what the process table says, :mod:`fedsim.simulation.procfs`'s.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
+
+from fedsim.simulation.procfs import (
+    group_members,
+    kill_recorded,
+    proc_stat,
+    ray_descendants,
+    wait_gone,
+)
 
 if TYPE_CHECKING:  # the command line imports this module: keep Flower out of its start-up
     from flwr.app import ArrayRecord
@@ -58,8 +59,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SESSION_DIR = Path(tempfile.gettempdir()) / f"fedsim-sessions-{os.getuid()}"
 RECORD_EVERY = 1.0  # seconds between scans of the driver's descendants
 REAP_TIMEOUT = 10.0  # seconds to wait for killed orphans to end (measured: well under 1)
-PARENT_ENV = "FEDSIM_END_WITH_PARENT"  # a sweep's pid, in the environment of its child runs
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -209,98 +208,6 @@ class _EndOutputs:
 # -- Ray processes ---------------------------------------------------------------------
 
 
-def _fields(pid: int) -> list[str] | None:
-    """``/proc/PID/stat`` after ``pid (comm)``: state, ppid, pgrp, ...; None if ``pid``
-    is gone (or a zombie: dead, waiting for its parent to collect its status)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else fields
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """``(parent pid, start time)`` of ``pid``; None if it is gone (see :func:`_fields`)."""
-    fields = _fields(pid)
-    return None if fields is None else (int(fields[1]), int(fields[19]))
-
-
-def _live_pids() -> Iterator[int]:
-    return (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
-
-
-def group_members(pgid: int) -> dict[int, int]:
-    """Every live process in process group ``pgid``: pid -> start time."""
-    members = {}
-    for pid in _live_pids():
-        fields = _fields(pid)
-        if fields is not None and int(fields[2]) == pgid:
-            members[pid] = int(fields[19])
-    return members
-
-
-def _is_ray(pid: int) -> bool:
-    try:
-        return b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def ray_descendants(root: int) -> dict[int, int]:
-    """Ray's processes below ``root`` (GCS, raylet, workers, ...): pid -> start time."""
-    return {pid: start for pid, start in descendants(root).items() if _is_ray(pid)}
-
-
-def descendants(root: int) -> dict[int, int]:
-    """Every live descendant of ``root``: pid -> start time (Linux ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    started: dict[int, int] = {}
-    for pid in _live_pids():
-        if (stat := _stat(pid)) is not None:
-            children.setdefault(stat[0], []).append(pid)
-            started[pid] = stat[1]
-    found: dict[int, int] = {}
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        if pid not in found and pid in started:
-            found[pid] = started[pid]
-            todo.extend(children.get(pid, []))
-    return found
-
-
-def _alive(processes: dict[int, int]) -> dict[int, int]:
-    """The processes still running with their recorded start time."""
-    return {
-        pid: start
-        for pid, start in processes.items()
-        if (stat := _stat(pid)) is not None and stat[1] == start
-    }
-
-
-def _kill_recorded(processes: dict[int, int]) -> dict[int, int]:
-    """SIGKILL each recorded process still alive with its recorded start time."""
-    killed = {}
-    for pid, start in _alive(processes).items():
-        with suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            killed[pid] = start
-    return killed
-
-
-def wait_gone(processes: dict[int, int], timeout: float) -> dict[int, int]:
-    """Wait up to ``timeout`` s for ``processes`` to end; those still running.
-
-    SIGKILL takes effect asynchronously: a killed process may hold its files
-    (a run folder's lock) for a moment.
-    """
-    deadline = time.monotonic() + timeout
-    while (alive := _alive(processes)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
-
-
 @dataclass
 class RaySession:
     """Records the driver's Ray processes while a run lasts; kills the rest at the end.
@@ -308,7 +215,7 @@ class RaySession:
     ``run_dir`` is set once the run folder exists (Ray starts before it: a
     refused resource split leaves no folder behind). ``scan`` finds what to
     record below the driver: Ray's processes (a run), or a parallel sweep's
-    child runs and theirs (:meth:`ChildRuns.processes`).
+    child runs and theirs (:meth:`fedsim.simulation.children.ChildRuns.processes`).
     """
 
     run_dir: Path | None = None
@@ -320,7 +227,7 @@ class RaySession:
 
     def __post_init__(self) -> None:
         pid = os.getpid()
-        start = _stat(pid)
+        start = proc_stat(pid)
         self.path = SESSION_DIR / f"driver-{pid}-{start[1] if start else 0}.json"
 
     def record(self) -> None:
@@ -328,7 +235,7 @@ class RaySession:
         now = self.scan(os.getpid())
         if now.items() - self.processes.items():
             self.processes.update(now)
-            driver = _stat(os.getpid())
+            driver = proc_stat(os.getpid())
             record = {
                 "driver": [os.getpid(), driver[1] if driver else 0],
                 "group-leader": os.getpgrp() == os.getpid(),
@@ -348,7 +255,7 @@ class RaySession:
         """Kill every recorded process still alive (the run is over or forced to stop)."""
         self._done.set()
         self.record()
-        killed = _kill_recorded(self.processes)
+        killed = kill_recorded(self.processes)
         with suppress(FileNotFoundError):
             self.path.unlink()
         return killed
@@ -367,7 +274,7 @@ def _orphans(record: dict[str, Any]) -> dict[int, int] | None:
     """What a session file's dead driver left (recorded processes, and its process
     group if it led one); None while the driver runs."""
     driver_pid, driver_start = record["driver"]
-    alive = _stat(driver_pid)
+    alive = proc_stat(driver_pid)
     if alive is not None and alive[1] == driver_start:
         return None  # a run still going
     processes = {int(pid): start for pid, start in record["processes"].items()}
@@ -396,7 +303,7 @@ def reap_orphans(timeout: float = REAP_TIMEOUT) -> dict[int, int]:
                 continue
             if processes is None:
                 continue
-            found.update(_kill_recorded(processes))
+            found.update(kill_recorded(processes))
             with suppress(FileNotFoundError):
                 path.unlink()
         wait_gone(found, timeout)
@@ -404,63 +311,3 @@ def reap_orphans(timeout: float = REAP_TIMEOUT) -> dict[int, int]:
             break
         killed.update(found)
     return killed
-
-
-def end_with_parent() -> None:
-    """In a child run of a sweep (:class:`ChildRuns`), ask for SIGTERM when the sweep dies.
-
-    The kernel sends it when the thread that started this process ends; the
-    sweep's thread waits for its child, so that is when the sweep itself dies.
-    SIGTERM stops the run as Ctrl-C does (see :class:`StopGuard`).
-    """
-    parent = os.environ.pop(PARENT_ENV, None)
-    if parent is None or not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(parent):  # the sweep died before the request was in place
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-@dataclass
-class ChildRuns:
-    """Commands a sweep runs in processes of their own (see the module docstring)."""
-
-    _running: set[subprocess.Popen[bytes]] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _interrupted: bool = False
-
-    def run(self, command: list[str], log: IO[Any]) -> int:
-        """Run ``command`` with its output in ``log``; its exit status
-        (:data:`INTERRUPTED_STATUS` without starting it once :meth:`interrupt` was called)."""
-        env = {**os.environ, PARENT_ENV: str(os.getpid())}
-        with self._lock:  # no child may start between an interrupt and its signals
-            if self._interrupted:
-                return INTERRUPTED_STATUS
-            child = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-            self._running.add(child)
-        try:
-            return child.wait()
-        finally:
-            with self._lock:
-                self._running.discard(child)
-
-    def processes(self, driver: int) -> dict[int, int]:
-        """The running children and their descendants (a :class:`RaySession` scan)."""
-        with self._lock:
-            pids = [child.pid for child in self._running]
-        found: dict[int, int] = {}
-        for pid in pids:
-            if (stat := _stat(pid)) is not None:
-                found[pid] = stat[1]
-                found.update(descendants(pid))
-        return found
-
-    def interrupt(self) -> None:
-        """SIGINT to every running child (each stops at its next round end); start no more."""
-        with self._lock:
-            self._interrupted = True
-            for child in self._running:
-                with suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGINT)

@@ -139,6 +139,32 @@ def plan_resources(scenario: Scenario, nodes: list[NodeResources], where: str) -
         )
     workers = audit.workers if audit.enabled else 0
     audit_cpus, audit_gpus = float(audit.threads_per_attack), audit.num_gpus
+    left, placed = _place_audit(nodes, workers, audit_cpus, audit_gpus, has)
+    actors = 0
+    for c, g in left.values():
+        per_node = math.floor(c / backend.num_cpus + EPS)
+        if backend.num_gpus > 0:
+            per_node = min(per_node, math.floor(g / backend.num_gpus + EPS))
+        actors += max(0, per_node)
+    if actors == 0:
+        raise _no_client_fits(scenario, left, workers, audit_cpus, audit_gpus, has)
+    return ResourcePlan(
+        where=where,
+        nodes=tuple(nodes),
+        actors=actors,
+        actor_cpus=backend.num_cpus,
+        actor_gpus=backend.num_gpus,
+        audit_workers=workers,
+        audit_cpus=audit_cpus if workers else 0.0,
+        audit_gpus=audit_gpus if workers else 0.0,
+        audit_nodes=tuple(placed),
+    )
+
+
+def _place_audit(
+    nodes: list[NodeResources], workers: int, audit_cpus: float, audit_gpus: float, has: str
+) -> tuple[dict[str, list[float]], list[str]]:
+    """What each node has left once the audit's bundles are placed, and each bundle's node."""
     left = {n.name: [n.cpus, n.gpus] for n in nodes}
     placed: list[str] = []
     for _ in range(workers):
@@ -158,48 +184,43 @@ def plan_resources(scenario: Scenario, nodes: list[NodeResources], where: str) -
         left[name][0] -= audit_cpus
         left[name][1] -= audit_gpus
         placed.append(name)
-    actors = 0
-    for c, g in left.values():
-        per_node = math.floor(c / backend.num_cpus + EPS)
-        if backend.num_gpus > 0:
-            per_node = min(per_node, math.floor(g / backend.num_gpus + EPS))
-        actors += max(0, per_node)
-    if actors == 0:
-        gpus_left = max(g for _, g in left.values())
-        cpus_left = max(c for c, _ in left.values())
-        if backend.num_gpus > 0 and gpus_left + EPS < backend.num_gpus:
-            key, value = "backend.num-gpus", backend.num_gpus
-            fix = (
-                f"backend.num-gpus = {_num(round(gpus_left, 4))}"
-                if gpus_left > EPS
-                else f"audit.num-gpus = {_num(round(audit_gpus / 2, 4))}"
-            )
-            short = f"{_num(gpus_left)} GPU"
-        else:
-            key, value = "backend.num-cpus", backend.num_cpus
-            fix = (
-                f"backend.num-cpus = {_num(round(cpus_left, 4))}"
-                if cpus_left > EPS
-                else "backend.ray-cpus larger or audit.workers smaller"
-            )
-            short = f"{_num(cpus_left)} CPUs"
-        raise ResourceError(
-            key,
-            value,
-            f"no client fits beside the audit's reservation ({workers} x "
-            f"({_num(audit_cpus)} CPU, {_num(audit_gpus)} GPU)): {has}, {short} left on "
-            f"the roomiest node; a split that fits: {fix}",
+    return left, placed
+
+
+def _no_client_fits(
+    scenario: Scenario,
+    left: dict[str, list[float]],
+    workers: int,
+    audit_cpus: float,
+    audit_gpus: float,
+    has: str,
+) -> ResourceError:
+    """The refusal when no client actor fits beside the audit: the key short of room, and a fix."""
+    backend = scenario.backend
+    gpus_left = max(g for _, g in left.values())
+    cpus_left = max(c for c, _ in left.values())
+    if backend.num_gpus > 0 and gpus_left + EPS < backend.num_gpus:
+        key, value = "backend.num-gpus", backend.num_gpus
+        fix = (
+            f"backend.num-gpus = {_num(round(gpus_left, 4))}"
+            if gpus_left > EPS
+            else f"audit.num-gpus = {_num(round(audit_gpus / 2, 4))}"
         )
-    return ResourcePlan(
-        where=where,
-        nodes=tuple(nodes),
-        actors=actors,
-        actor_cpus=backend.num_cpus,
-        actor_gpus=backend.num_gpus,
-        audit_workers=workers,
-        audit_cpus=audit_cpus if workers else 0.0,
-        audit_gpus=audit_gpus if workers else 0.0,
-        audit_nodes=tuple(placed),
+        short = f"{_num(gpus_left)} GPU"
+    else:
+        key, value = "backend.num-cpus", backend.num_cpus
+        fix = (
+            f"backend.num-cpus = {_num(round(cpus_left, 4))}"
+            if cpus_left > EPS
+            else "backend.ray-cpus larger or audit.workers smaller"
+        )
+        short = f"{_num(cpus_left)} CPUs"
+    return ResourceError(
+        key,
+        value,
+        f"no client fits beside the audit's reservation ({workers} x "
+        f"({_num(audit_cpus)} CPU, {_num(audit_gpus)} GPU)): {has}, {short} left on "
+        f"the roomiest node; a split that fits: {fix}",
     )
 
 

@@ -194,7 +194,7 @@ def run_scenario(
 ) -> RunResult:
     """Validate ``scenario`` and run it as a Flower simulation on Ray.
 
-    With ``resume`` (from :func:`fedsim.simulation.checkpoint.open_resume`) the run
+    With ``resume`` (from :func:`fedsim.simulation.resume.open_resume`) the run
     continues in the checkpoint's run directory after its last round. An
     ``out`` folder holding files is refused unless ``force`` (which clears the
     run files in it). SIGINT or SIGTERM at any point raises

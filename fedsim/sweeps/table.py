@@ -1,0 +1,198 @@
+"""The comparison table: each finished run's scores, then their summary over seeds.
+
+Accuracy is the final round's: ``test-acc`` (the global model on the held-out
+test set) where the run has one, else ``client-eval-acc`` (personalised: each
+client's model on its local test split, mean over clients; FedSplit, FedCG and
+local have no global model). Audit columns are means over every audited
+(round, victim) of the run, non-finite PSNRs left out as the auditor does. A
+mean hides a split (3.3 and 54.7 dB average to 29 dB), so the table also gives
+the median and max PSNR and the share of attacks at or above ``success-psnr``,
+over every attack of every seed. A run that ran more than one attack (the
+``"auto"`` portfolio) also gets a ``verdict`` row, first: the same statistics
+over its victims' verdicts (per victim the best of its attacks, ``verdict.csv``).
+``seconds`` is each run's true wall time.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fedsim.core import protocol
+from fedsim.core.protocol import AuditRecord
+from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE, read_wall_seconds
+from fedsim.outputs.tables import DEFAULT_SUCCESS_PSNR, leakage_stats, mean_std_text, number_text
+from fedsim.outputs.verdict import victim_verdicts
+from fedsim.sweeps.spec import Configuration
+
+SCORES = ("accuracy", "psnr", "ssim", "label-acc", "epsilon")
+
+
+def _finite_mean(values: pd.Series) -> float:
+    finite = values[np.isfinite(values.astype(float))]
+    return float(finite.mean()) if len(finite) else math.nan
+
+
+def run_results(
+    config: Configuration,
+    run_dir: Path,
+    accuracy: str,
+    success_psnr: float = DEFAULT_SUCCESS_PSNR,
+) -> list[dict[str, Any]]:
+    """One row per attack (one row if not audited) of a finished run."""
+    metrics = pd.read_csv(run_dir / METRICS_FILE)
+    last = metrics.iloc[-1]
+    source = accuracy
+    if accuracy == "auto":
+        source = (
+            protocol.TEST_ACC if math.isfinite(float(last.get(protocol.TEST_ACC, math.nan))) else ""
+        )
+        source = source or protocol.CLIENT_EVAL_ACC
+    row: dict[str, Any] = {
+        "configuration": config.label,
+        "strategy": config.strategy,
+        "defence": config.defence,
+        "seed": config.seed,
+        "accuracy": float(last.get(source, math.nan)),
+        "accuracy-from": source,
+        "epsilon": float(last.get(protocol.DP_EPSILON, math.nan)),
+        "rounds": len(metrics),
+        "seconds": read_wall_seconds(run_dir),
+        "run": str(run_dir.relative_to(run_dir.parents[2])),  # relative to the sweep
+    }
+    audit_file = run_dir / AUDIT_FILE
+    if not audit_file.is_file():
+        unaudited = {"psnr": math.nan, "ssim": math.nan, "label-acc": math.nan}
+        return [{**row, "attack": "", **unaudited, **leakage_stats([], success_psnr)}]
+    audit = pd.read_csv(audit_file)
+    col = AuditRecord.column
+    threat = "/".join(sorted(set(audit[col("threat_model")])))
+    scored = [
+        (attack, group[col("psnr")], group[col("ssim")], group[col("label_acc")])
+        for attack, group in audit.groupby(col("attack"), sort=False)
+    ]
+    verdicts = verdict_rows(audit)
+    if verdicts is not None:  # a portfolio ran: its worst case per victim comes first
+        scored.insert(0, (VERDICT, verdicts["psnr"], verdicts["ssim"], verdicts["label-acc"]))
+    return [
+        {
+            **row,
+            "attack": attack,
+            "threat-model": threat,
+            "audited": len(psnr),
+            "psnr": _finite_mean(psnr),
+            "ssim": float(ssim.mean()),
+            "label-acc": float(labels.mean()),
+            **leakage_stats(psnr, success_psnr),
+        }
+        for attack, psnr, ssim, labels in scored
+    ]
+
+
+VERDICT = "verdict"
+"""The ``attack`` of a run's verdict rows: per victim the best of its attacks."""
+
+
+def verdict_rows(audit: pd.DataFrame) -> pd.DataFrame | None:
+    """A run's verdicts (as in its ``verdict.csv``) when more than one attack ran; else
+    ``None``: the verdict is that attack."""
+    several = audit[AuditRecord.column("attack")].nunique() > 1
+    return victim_verdicts(audit) if several else None
+
+
+def collect_results(
+    configs: list[Configuration],
+    runs: Path,
+    accuracy: str,
+    success_psnr: float = DEFAULT_SUCCESS_PSNR,
+) -> pd.DataFrame:
+    """Every finished run's rows, in spec order."""
+    rows = [r for c in configs for r in run_results(c, runs / c.path, accuracy, success_psnr)]
+    return pd.DataFrame(rows)
+
+
+def collect_attacks(configs: list[Configuration], runs: Path) -> pd.DataFrame:
+    """Every audited attack of every finished run: configuration, seed, attack, PSNR."""
+    col = AuditRecord.column
+    frames = []
+    for c in configs:
+        if not (runs / c.path / AUDIT_FILE).is_file():
+            continue
+        audit = pd.read_csv(runs / c.path / AUDIT_FILE)
+        verdicts = verdict_rows(audit)
+        audit = audit[[col("attack"), col("psnr")]]
+        if verdicts is not None:
+            audit = pd.concat([verdicts[["psnr"]].assign(attack=VERDICT), audit])
+        frames.append(audit.assign(configuration=c.label, seed=c.seed))
+    columns = ["attack", "psnr", "configuration", "seed"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def summarise(
+    results: pd.DataFrame,
+    attacks: pd.DataFrame | None = None,
+    success_psnr: float = DEFAULT_SUCCESS_PSNR,
+) -> pd.DataFrame:
+    """Mean and (sample) std over seeds of each score, per configuration and attack;
+    with ``attacks`` (:func:`collect_attacks`) also the median and max PSNR and the
+    success share over every attack of every seed."""
+    if results.empty:
+        return pd.DataFrame()
+    rows = []
+    for (label, attack), group in results.groupby(["configuration", "attack"], sort=False):
+        row: dict[str, Any] = {
+            "configuration": label,
+            "strategy": group["strategy"].iloc[0],
+            "defence": group["defence"].iloc[0],
+            "attack": attack,
+            "accuracy-from": "/".join(sorted(set(group["accuracy-from"]))),
+            "seeds": len(group),
+        }
+        for score in SCORES:
+            values = group[score].astype(float)
+            row[f"{score}-mean"] = _finite_mean(values)
+            finite = values[np.isfinite(values)]
+            row[f"{score}-std"] = float(finite.std(ddof=1)) if len(finite) > 1 else math.nan
+        if attacks is not None:
+            pooled = attacks[(attacks["configuration"] == label) & (attacks["attack"] == attack)]
+            stats = leakage_stats(pooled["psnr"], success_psnr)
+            row["attacks"] = len(pooled)
+            row.update({k: stats[k] for k in ("psnr-median", "psnr-max", "success-rate")})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def table_markdown(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> str:
+    """The summary table as markdown (accuracy in %, PSNR in dB)."""
+    with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
+    with_attack = table["attack"].nunique() > 1
+    with_spread = "success-rate" in table
+    head = ["configuration", *(["attack"] if with_attack else []), "accuracy (%)", "from"]
+    head += ["PSNR (dB)"]
+    head += ["PSNR median", "PSNR max", f"success (≥ {success_psnr:g} dB)"] if with_spread else []
+    head += ["SSIM", "label acc. (%)", *(["epsilon"] if with_eps else []), "seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in table.iterrows():
+        cells = [r["configuration"], *([r["attack"]] if with_attack else [])]
+        cells += [
+            mean_std_text(r["accuracy-mean"], r["accuracy-std"], 100),
+            f"`{r['accuracy-from']}`",
+        ]
+        cells += [mean_std_text(r["psnr-mean"], r["psnr-std"])]
+        if with_spread:
+            cells += [
+                number_text(r["psnr-median"]),
+                number_text(r["psnr-max"]),
+                number_text(r["success-rate"], 0, 100, "%"),
+            ]
+        cells += [
+            mean_std_text(r["ssim-mean"], r["ssim-std"], digits=3),
+            mean_std_text(r["label-acc-mean"], r["label-acc-std"], 100, digits=0),
+        ]
+        cells += [mean_std_text(r["epsilon-mean"], r["epsilon-std"])] if with_eps else []
+        lines.append("| " + " | ".join(map(str, [*cells, r["seeds"]])) + " |")
+    return "\n".join(lines) + "\n"
