@@ -48,12 +48,11 @@ from fedsim.outputs.tables import (
     Column,
     attack_summary_table,
     audit_seed,
+    comparison_table,
     duration,
     formatted_rows,
-    mean_std_text,
-    number_cell,
-    number_text,
     round_verdict_table,
+    sweep_runs_table,
 )
 from fedsim.outputs.verdict import victim_verdicts
 
@@ -297,72 +296,18 @@ def write_compare_report(
     run_report: str,
 ) -> Path:
     """Write ``OUT/report.html`` for a sweep; runs link to ``<run>/<run_report>``."""
-    table_columns = [
-        Column("configuration", "configuration", "text"),
-        Column("attack", "attack", "text"),
-        Column("accuracy", "accuracy (%)"),
-        Column("accuracy-from", "from", "text"),
-        Column("psnr", "PSNR mean (dB)"),
-        Column("psnr-median", "PSNR median"),
-        Column("psnr-max", "PSNR max"),
-        Column("success-rate", f"success (≥ {success_psnr:g} dB)"),
-        Column("ssim", "SSIM"),
-        Column("label-acc", "label acc. (%)"),
-        Column("seeds", "seeds"),
-    ]
-
-    def spread(row: Mapping[Any, Any], score: str, scale: float = 1.0, digits: int = 2) -> str:
-        return mean_std_text(row[f"{score}-mean"], row[f"{score}-std"], scale, digits)
-
-    table_rows = [
-        {
-            "configuration": r["configuration"],
-            "attack": r["attack"] or "-",
-            "accuracy": spread(r, "accuracy", 100),
-            "accuracy-from": r["accuracy-from"],
-            "psnr": spread(r, "psnr"),
-            "psnr-median": number_text(r.get("psnr-median", math.nan)),
-            "psnr-max": number_text(r.get("psnr-max", math.nan)),
-            "success-rate": number_text(r.get("success-rate", math.nan), 0, 100, "%"),
-            "ssim": spread(r, "ssim", digits=3),
-            "label-acc": spread(r, "label-acc", 100, 0),
-            "seeds": str(r["seeds"]),
-        }
-        for r in table.to_dict("records")
-    ]
-    run_columns = [
-        Column("configuration", "configuration", "text"),
-        Column("seed", "seed"),
-        Column("attack", "attack", "text"),
-        Column("accuracy", "accuracy"),
-        Column("psnr", "PSNR mean"),
-        Column("psnr-max", "PSNR max"),
-        Column("seconds", "wall seconds"),
-        Column("report", "report", "link"),
-    ]
-    run_rows = [
-        {
-            "configuration": r["configuration"],
-            "seed": str(r["seed"]),
-            "attack": r["attack"] or "-",
-            "accuracy": number_cell(r["accuracy"]),
-            "psnr": number_cell(r["psnr"], 2),
-            "psnr-max": number_cell(r.get("psnr-max", math.nan), 2),
-            "seconds": number_cell(r["seconds"], 1),
-            "report": f"{r['run']}/{run_report}",
-        }
-        for r in results.to_dict("records")
-    ]
+    summary = comparison_table(table, success_psnr)
+    runs = sweep_runs_table(results, run_report)
     return _render(
         "compare.html.j2",
         out / REPORT_FILE,
         title=f"fedsim compare: {title}",
         subtitle=description,
         plot=data_uri(plot_png) if plot_png else "",
-        table_rows=table_rows,
-        table_columns=table_columns,
-        run_rows=run_rows,
-        run_columns=run_columns,
+        table_rows=summary.rows,
+        table_columns=summary.columns,
+        run_rows=runs.rows,
+        run_columns=runs.columns,
         failed=dict(failed),
         success_psnr=f"{success_psnr:g}",
     )

@@ -255,3 +255,78 @@ def formatted_rows(
     rows: Iterable[Mapping[Any, Any]], digits: Mapping[str, int]
 ) -> list[dict[str, str]]:
     return [{k: number_cell(v, digits.get(k, 3)) for k, v in row.items()} for row in rows]
+
+
+def comparison_table(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> Table:
+    """A sweep's summary (``fedsim compare``): per configuration and attack, mean ± std over
+    seeds (accuracy in %, PSNR in dB). The attack, spread and epsilon columns appear only
+    where the sweep has them."""
+    with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
+    with_attack = table["attack"].nunique() > 1
+    with_spread = "success-rate" in table
+    columns = [
+        Column("configuration", "configuration", "text"),
+        *([Column("attack", "attack", "text")] if with_attack else []),
+        Column("accuracy", "accuracy (%)"),
+        Column("accuracy-from", "from", "text"),
+        Column("psnr", "PSNR (dB)"),
+    ]
+    if with_spread:
+        columns += [
+            Column("psnr-median", "PSNR median"),
+            Column("psnr-max", "PSNR max"),
+            Column("success-rate", f"success (≥ {success_psnr:g} dB)"),
+        ]
+    columns += [Column("ssim", "SSIM"), Column("label-acc", "label acc. (%)")]
+    columns += [Column("epsilon", "epsilon")] if with_eps else []
+    columns += [Column("seeds", "seeds")]
+    rows = tuple(_comparison_row(r) for r in table.to_dict("records"))
+    return Table(tuple(columns), rows)
+
+
+def _comparison_row(r: Mapping[Any, Any]) -> dict[str, str]:
+    def spread(score: str, scale: float = 1.0, digits: int = 2) -> str:
+        return mean_std_text(r[f"{score}-mean"], r[f"{score}-std"], scale, digits)
+
+    return {
+        "configuration": str(r["configuration"]),
+        "attack": str(r["attack"] or "-"),
+        "accuracy": spread("accuracy", 100),
+        "accuracy-from": str(r["accuracy-from"]),
+        "psnr": spread("psnr"),
+        "psnr-median": number_text(r.get("psnr-median", math.nan)),
+        "psnr-max": number_text(r.get("psnr-max", math.nan)),
+        "success-rate": number_text(r.get("success-rate", math.nan), 0, 100, "%"),
+        "ssim": spread("ssim", digits=3),
+        "label-acc": spread("label-acc", 100, 0),
+        "epsilon": spread("epsilon") if "epsilon-mean" in r else "-",
+        "seeds": str(r["seeds"]),
+    }
+
+
+def sweep_runs_table(results: pd.DataFrame, run_report: str) -> Table:
+    """A sweep's runs, one row per run and attack, each linking to its report."""
+    columns = (
+        Column("configuration", "configuration", "text"),
+        Column("seed", "seed"),
+        Column("attack", "attack", "text"),
+        Column("accuracy", "accuracy"),
+        Column("psnr", "PSNR mean"),
+        Column("psnr-max", "PSNR max"),
+        Column("seconds", "wall seconds"),
+        Column("report", "report", "link"),
+    )
+    rows = tuple(
+        {
+            "configuration": str(r["configuration"]),
+            "seed": str(r["seed"]),
+            "attack": str(r["attack"] or "-"),
+            "accuracy": number_cell(r["accuracy"]),
+            "psnr": number_cell(r["psnr"], 2),
+            "psnr-max": number_cell(r.get("psnr-max", math.nan), 2),
+            "seconds": number_cell(r["seconds"], 1),
+            "report": f"{r['run']}/{run_report}",
+        }
+        for r in results.to_dict("records")
+    )
+    return Table(columns, rows)

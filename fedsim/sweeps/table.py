@@ -25,7 +25,11 @@ import pandas as pd
 from fedsim.core import protocol
 from fedsim.core.protocol import AuditRecord
 from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE, read_wall_seconds
-from fedsim.outputs.tables import DEFAULT_SUCCESS_PSNR, leakage_stats, mean_std_text, number_text
+from fedsim.outputs.tables import (
+    DEFAULT_SUCCESS_PSNR,
+    comparison_table,
+    leakage_stats,
+)
 from fedsim.outputs.verdict import victim_verdicts
 from fedsim.sweeps.spec import Configuration
 
@@ -167,32 +171,5 @@ def summarise(
 
 
 def table_markdown(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> str:
-    """The summary table as markdown (accuracy in %, PSNR in dB)."""
-    with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
-    with_attack = table["attack"].nunique() > 1
-    with_spread = "success-rate" in table
-    head = ["configuration", *(["attack"] if with_attack else []), "accuracy (%)", "from"]
-    head += ["PSNR (dB)"]
-    head += ["PSNR median", "PSNR max", f"success (≥ {success_psnr:g} dB)"] if with_spread else []
-    head += ["SSIM", "label acc. (%)", *(["epsilon"] if with_eps else []), "seeds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in table.iterrows():
-        cells = [r["configuration"], *([r["attack"]] if with_attack else [])]
-        cells += [
-            mean_std_text(r["accuracy-mean"], r["accuracy-std"], 100),
-            f"`{r['accuracy-from']}`",
-        ]
-        cells += [mean_std_text(r["psnr-mean"], r["psnr-std"])]
-        if with_spread:
-            cells += [
-                number_text(r["psnr-median"]),
-                number_text(r["psnr-max"]),
-                number_text(r["success-rate"], 0, 100, "%"),
-            ]
-        cells += [
-            mean_std_text(r["ssim-mean"], r["ssim-std"], digits=3),
-            mean_std_text(r["label-acc-mean"], r["label-acc-std"], 100, digits=0),
-        ]
-        cells += [mean_std_text(r["epsilon-mean"], r["epsilon-std"])] if with_eps else []
-        lines.append("| " + " | ".join(map(str, [*cells, r["seeds"]])) + " |")
-    return "\n".join(lines) + "\n"
+    """The summary table as markdown (:func:`fedsim.outputs.tables.comparison_table`)."""
+    return comparison_table(table, success_psnr).markdown() + "\n"
