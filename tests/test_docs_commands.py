@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from fedsim.commands.list import KINDS
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(
     [
@@ -160,16 +162,7 @@ def _check_fedsim(argv: list[str]) -> None:
             if name is not None:
                 assert _registered(kind, name), f"--{kind} {name}: not registered"
     elif args.command == "list" and args.kind:
-        assert args.kind in {
-            "strategies",
-            "attacks",
-            "defences",
-            "datasets",
-            "partitioners",
-            "models",
-            "inits",
-            "scenarios",
-        }, args.kind
+        assert args.kind in KINDS, args.kind
 
 
 # --- scripts, make, Flower ---------------------------------------------------------------
