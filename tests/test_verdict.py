@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -311,3 +312,12 @@ def test_attacker_residual_needs_no_truth_and_is_zero_on_the_true_batch() -> Non
     assert attacker_residual(attack, probe.observation, rec, 0) > 1e-5
     grnn = resolve_attack("grnn", {"steps": 1})  # no model of the client: DLG's is used
     assert attacker_residual(grnn, probe.observation, exact, 0) < 1e-6
+
+
+def test_audit_records_name_every_resolved_parameter() -> None:
+    # audit.csv's attack-params: every field of the attack's Params, defaults filled
+    # (an automatic choice as null), not just what the scenario listed.
+    recorded = json.loads(resolve_attack("dlg", {"steps": 7}).params_text())
+
+    assert recorded["steps"] == 7 and recorded["optimizer"] == "lbfgs"
+    assert set(recorded) == {f.name.replace("_", "-") for f in dataclasses.fields(DLGParams)}
