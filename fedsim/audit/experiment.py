@@ -197,14 +197,16 @@ class AttackExperiment:
         )
         check_model_fits(self.model, self.image_size, self.channels == "rgb", "--image-size")
         pick_device(self.device, "--device")
-        # The probe is a whole model's gradient, as FedAvg's server sees it (uploads: all).
+        # The probe is a whole model's gradient (or its one-step update) on one batch, as
+        # FedAvg's server sees it (uploads: all): an attack that cannot read it refuses here.
         probed = AttackSetting(
             ModelConfig(self.model, self.init),
-            ClientConfig(),
+            ClientConfig(local_steps=1, batch_size=self.batch_size),
             DataConfig(dataset=self.dataset, image_size=self.image_size),
             "fedavg",
             uploads=None,
-            audited=False,
+            threat_model="probe" if self.shared == "gradient" else "update",
+            probe_batch_size=self.batch_size,
         )
         self.resolved_attack().cls.check_setting(probed, "--attack")
 
