@@ -82,7 +82,7 @@ def cell(model: str, batch: int, weights: Path | None, victims: int) -> list[dic
     rows, best, reached, seconds = [], [float("-inf")] * victims, [""] * victims, 0.0
     best_ssim, best_labels = [float("-inf")] * victims, [float("-inf")] * victims
     for attack in attacks:
-        params = {k: v for k, v in attack.params.items() if k != "unroll"}
+        params = {k: v for k, v in attack.table().items() if k != "unroll"}
         experiment = AttackExperiment(
             attack=attack.name,
             params=params,
@@ -106,7 +106,7 @@ def cell(model: str, batch: int, weights: Path | None, victims: int) -> list[dic
         rows.append(
             {
                 "attack": attack.name,
-                "budget": attack.params.get("steps", ""),
+                "budget": attack.table().get("steps", ""),
                 "psnr": statistics.median(s.psnr for s in scores),
                 "ssim": statistics.median(s.ssim for s in scores),
                 "label-acc": statistics.median(s.label_accuracy for s in scores),

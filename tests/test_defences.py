@@ -38,7 +38,7 @@ def _scenario(defences: list[dict[str, Any]], strategy: str = "fedavg", **tables
     for name, values in tables.items():
         small[name] = {**small.get(name, {}), **values}
     table = tiny_table({"name": strategy}, **small)
-    return validate(scenario_from_dict({**table, "defences": defences}))
+    return validate(scenario_from_dict({**table, "defences": defences})).scenario
 
 
 Tensors = dict[str, torch.Tensor]
@@ -193,7 +193,7 @@ def fedcg_dp_run() -> InProcessRun:
         data={"samples-per-client": 80},
         client={"local-steps": 3},
     )
-    return run_inprocess(validate(scenario_from_dict({**table, "defences": [FEDCG_DP]})))
+    return run_inprocess(validate(scenario_from_dict({**table, "defences": [FEDCG_DP]})).scenario)
 
 
 def test_dp_sgd_accounts_fedcg_gan_steps(fedcg_dp_run: InProcessRun) -> None:
