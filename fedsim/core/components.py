@@ -9,7 +9,6 @@ audit's tasks, the records) receives that, never the raw table.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -36,19 +35,11 @@ class Resolved(Generic[C]):
     def params_text(self) -> str:
         """Every parameter as one line of JSON, an automatic choice (``None``) as ``null``:
         what ran, as the run's records say it."""
-        return json.dumps(_kebab(dataclasses.asdict(self.params)), separators=(", ", ": "))
+        return json.dumps(to_table(self.params, keep_none=True), separators=(", ", ": "))
 
     def create(self, **kwargs: Any) -> C:
         """An instance: ``cls(params, **kwargs)``."""
         return self.cls(self.params, **kwargs)  # type: ignore[call-arg]
-
-
-def _kebab(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k.replace("_", "-"): _kebab(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_kebab(v) for v in value]
-    return value
 
 
 def resolve(registry: Registry[Any], cfg: ComponentConfig, key: str) -> Resolved[Any]:

@@ -187,18 +187,19 @@ def parse_table(cls: type[T], table: Mapping[str, Any], prefix: str = "") -> T:
         raise ScenarioError(f"{dotted}{err.key}", err.value, err.allowed) from None
 
 
-def to_table(obj: Any) -> Any:
-    """Inverse of :func:`parse_table`: a TOML-ready dict with kebab-case keys."""
+def to_table(obj: Any, keep_none: bool = False) -> Any:
+    """Inverse of :func:`parse_table`: a TOML-ready dict with kebab-case keys (``None``
+    fields left out, as TOML has no null, unless ``keep_none``)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {
-            f.name.replace("_", "-"): to_table(getattr(obj, f.name))
+            f.name.replace("_", "-"): to_table(getattr(obj, f.name), keep_none)
             for f in dataclasses.fields(obj)
-            if getattr(obj, f.name) is not None
+            if keep_none or getattr(obj, f.name) is not None
         }
     if isinstance(obj, tuple | list):
-        return [to_table(v) for v in obj]
+        return [to_table(v, keep_none) for v in obj]
     if isinstance(obj, Mapping):
-        return {k: to_table(v) for k, v in obj.items()}
+        return {k: to_table(v, keep_none) for k, v in obj.items()}
     return obj
 
 
