@@ -15,15 +15,21 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.core.config import DataConfig, component_params, require
-from fedsim.core.data import load_dataset
+from fedsim.core.data import load_dataset, load_raw
+from fedsim.core.flower_datasets import PREFIX, SUPPORTED, FlowerPartitioner
 from fedsim.core.registry import Registry
 from fedsim.core.seeds import SeedStream, stream_rng
 
 
 class Partitioner(Protocol):
-    """``partition(labels, num_clients, rng, params) -> one index array per client``."""
+    """``partition(labels, num_clients, rng, params) -> one index array per client``.
 
-    Params: type
+    Flower Datasets' partitioners (``flwr:<class name>``) take the dataset's extra
+    per-sample columns too (``columns=``; :mod:`fedsim.core.flower_datasets`).
+    """
+
+    @property
+    def Params(self) -> type: ...
 
     def __call__(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: Any
@@ -131,6 +137,10 @@ def shards(
     return [np.sort(np.concatenate([pieces[s] for s in row])) for row in assignment]
 
 
+for _cls_name, _described in SUPPORTED.items():
+    PARTITIONERS.register(PREFIX + _cls_name, _described)(FlowerPartitioner(_cls_name))
+
+
 @dataclass(frozen=True)
 class ClientSplit:
     """One client's indices into the shared training tensors."""
@@ -146,7 +156,11 @@ def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[Cli
     partitioner = PARTITIONERS.get(cfg.partitioner.name)
     params = component_params(partitioner, cfg.partitioner, "data.partitioner")
     rng = stream_rng(SeedStream.PARTITION, seed)
-    parts = partitioner(labels, num_clients, rng, params)
+    if isinstance(partitioner, FlowerPartitioner):
+        columns = load_raw(cfg).train_columns
+        parts = partitioner(labels, num_clients, rng, params, columns=columns)
+    else:
+        parts = partitioner(labels, num_clients, rng, params)
     splits = []
     for client, indices in enumerate(parts):
         local = stream_rng(SeedStream.LOCAL_SPLIT, seed, client).permutation(indices)
