@@ -18,6 +18,10 @@ Embedded data (no download, ships inside installed packages):
 From a local ``root`` (torchvision's loaders; ``download = true`` fetches
 where a network exists): ``mnist``, ``fashion-mnist``, ``cifar10``,
 ``cifar100``, ``svhn``, ``usps``.
+
+A researcher's own files in ``root`` (:mod:`fedsim.core.local_data`):
+``image-folder`` (a subfolder of images per class) and ``flwr-local`` (Flower
+Datasets' ``FederatedDataset`` on parquet files or an ``imagefolder`` tree).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ import gzip
 import importlib
 import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +97,9 @@ class RawDataset:
     test_images: np.ndarray
     test_labels: np.ndarray
     num_classes: int
+    # Per-sample columns of the training set besides the label (a writer id), by name:
+    # what Flower Datasets' partitioners may split by (partition-by = "writer").
+    train_columns: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 Loader = Callable[[DataConfig], RawDataset]
@@ -245,6 +252,27 @@ for _name, _cls, _folder in (
         "; or a folder of MNIST-style idx .gz files" if _folder else ""
     )
     DATASETS.register(_name, _described)(_torchvision(_cls, _folder))
+
+
+@DATASETS.register(
+    "image-folder",
+    "images in data.root, one subfolder per class (or train/ and test/ trees of them)",
+)
+def _image_folder(cfg: DataConfig) -> RawDataset:
+    from fedsim.core.local_data import image_folder
+
+    return image_folder(cfg.root)
+
+
+@DATASETS.register(
+    "flwr-local",
+    "Flower Datasets' FederatedDataset on local files in data.root: parquet or an imagefolder",
+)
+def _flwr_local(cfg: DataConfig) -> RawDataset:
+    from fedsim.core.local_data import federated_dataset
+
+    return federated_dataset(cfg.root)
+
 
 LOCAL_ROOT_DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "usps")
 
