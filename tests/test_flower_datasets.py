@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,3 +195,20 @@ def test_partition_dataset_runs_flower_partitioners_from_the_scenario() -> None:
     assert sum(len(s.train) + len(s.test) for s in splits) == len(LABELS)
     other = partition_dataset(cfg, 5, 1)
     assert not np.array_equal(splits[0].train, other[0].train)
+
+
+def test_flower_datasets_is_imported_on_first_use_only() -> None:
+    # Seconds to import: fedsim's start-up and every scenario without it must not pay.
+    import ast
+
+    import fedsim.core
+
+    heavy = {"flwr_datasets", "datasets", "pyarrow"}
+    for path in Path(fedsim.core.__file__).parent.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:  # module level only
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            assert not {n.split(".")[0] for n in names} & heavy, f"{path.name}:{node.lineno}"

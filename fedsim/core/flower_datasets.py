@@ -228,5 +228,5 @@ def split(
             parts = [partitioner.load_partition(i)[INDEX] for i in range(num_clients)]
     except (ValueError, TypeError, KeyError) as err:
         text = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"Flower Datasets' {cls_name} {text}") from None
+        raise ValueError(f"Flower Datasets' {cls_name}: {text}") from None
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
