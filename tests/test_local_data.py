@@ -173,6 +173,27 @@ def test_flwr_local_reads_an_imagefolder_tree(tmp_path: Path) -> None:
     assert raw.train_images.shape[1:] == (12, 12, 3)
 
 
+def test_natural_id_over_an_imagefolders_metadata_writer_column(tmp_path: Path) -> None:
+    root = tmp_path / "scans"
+    rows = ["file_name,label,writer"]
+    for i in range(24):
+        _png(root / f"{i:02d}.png", 10 * i, size=8, mode="L")
+        rows.append(f"{i:02d}.png,{i % 3},w{i % 4}")
+    (root / "metadata.csv").write_text("\n".join(rows) + "\n")
+    cfg = _cfg(
+        "flwr-local",
+        root,
+        partitioner=ComponentConfig("flwr:NaturalIdPartitioner", {"partition-by": "writer"}),
+    )
+    writers = load_raw(cfg).train_columns["writer"]
+
+    splits = partition_dataset(cfg, 4, 0)
+
+    held = [np.concatenate([s.train, s.test]) for s in splits]
+    assert sorted(str(writers[h][0]) for h in held) == ["w0", "w1", "w2", "w3"]
+    assert all(len(set(writers[h])) == 1 for h in held)
+
+
 def test_flwr_local_refuses_hub_names_and_other_files_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 but not really")

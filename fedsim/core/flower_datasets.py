@@ -74,6 +74,7 @@ def offline_import(module: str) -> types.ModuleType:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # a run prints its own
     import importlib
 
     return importlib.import_module(module)

@@ -84,13 +84,12 @@ def _raw(
 
     if test is None:
         mask = hold_out(labels)
-        if not mask.any():  # too few images to hold any out: train and test coincide
-            mask = np.zeros(len(labels), dtype=bool)
-            test = images, labels
-        else:
+        if mask.any():
             test = images[mask], labels[mask]
-        images, labels = images[~mask], labels[~mask]
-        columns = {name: values[~mask] for name, values in columns.items()}
+            images, labels = images[~mask], labels[~mask]
+            columns = {name: values[~mask] for name, values in columns.items()}
+        else:  # under five images a class: too few to hold any out, train and test coincide
+            test = images, labels
     return RawDataset(images, labels, test[0], test[1], num_classes, train_columns=columns)
 
 
