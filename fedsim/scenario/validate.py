@@ -41,7 +41,7 @@ from fedsim.core.data import DATASETS, check_dataset_available, load_raw, shaped
 from fedsim.core.devices import test_logical_gpus
 from fedsim.core.models import INITS, MODELS, InputSpec, SplitNet
 from fedsim.core.partition import PARTITIONERS, partition_dataset
-from fedsim.core.plugins import use_plugins
+from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.strategies import STRATEGIES
@@ -146,7 +146,10 @@ def check_plugins(scenario: Scenario) -> None:
     one that fails to import, clashes or registers the wrong kind is refused before any work."""
     use_plugins(scenario.plugins)
     for registry in PLUGGABLE:
-        registry.names()
+        try:
+            registry.names()
+        except RegistrationError as err:  # fedsim's own modules, loaded after a plugin's
+            raise ScenarioError("plugins", list(scenario.plugins), str(err)) from None
 
 
 def check_components(scenario: Scenario) -> Components:
