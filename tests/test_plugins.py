@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tomllib
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,40 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "plugin"
 TINYLAB = EXAMPLE / "tinylab"
 
-# The example's components in an audited federation (as the slow end-to-end tests run it).
-SCENARIO = """
-name = "tinylab"
-plugins = ["{plugin}"]
-[federation]
-num-clients = 2
-rounds = 2
-[data]
-dataset = "tinylab-bars"
-image-size = 16
-[model]
-name = "tinylab-mlp"
-[strategy]
-name = "tinylab-smooth"
-smoothing = 0.05
-[client]
-local-steps = 1
-batch-size = 1
-lr = 0.01
-[audit]
-enabled = true
-attacks = [{{ name = "tinylab-row-ratio" }}]
-"""
-
-
-@pytest.fixture(autouse=True)
-def _own_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """What loading plugins changes in this process (paths, environment) is undone after."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
-    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    plugins.refresh_entry_points()
-    yield
-    plugins.refresh_entry_points()
+pytestmark = pytest.mark.usefixtures("plugin_env")  # paths and variables undone after
 
 
 def _module(tmp_path: Path, body: str) -> Path:
@@ -86,19 +52,14 @@ def _refusal(raw: dict[str, object]) -> str:
     return message
 
 
-def test_the_example_plugin_by_path_registers_all_four_with_its_origin(tmp_path: Path) -> None:
-    scenario_file = tmp_path / "lab" / "tinylab.toml"
-    scenario_file.parent.mkdir()
-    relative = os.path.relpath(TINYLAB, scenario_file.parent)
-    scenario_file.write_text(SCENARIO.format(plugin=relative))
-
-    scenario = load_scenario(scenario_file)
+def test_the_example_plugin_by_path_registers_all_four_with_its_origin() -> None:
+    scenario = load_scenario(EXAMPLE / "tinylab.toml")  # plugins = ["./tinylab"]
     components = check_components(scenario)
 
     # A path is relative to the scenario file, and stored absolute (a run folder's copy works).
     assert scenario.plugins == (str(TINYLAB),)
     assert components.strategy.cls.__module__ == "tinylab.strategies"
-    assert [a.name for a in components.attacks] == ["tinylab-row-ratio"]
+    assert [a.name for a in components.attacks] == ["tinylab-row-ratio", "dlg"]
     assert MODELS.origin("tinylab-mlp") == ATTACKS.origin("tinylab-row-ratio") == "tinylab"
     assert ATTACKS.origin("dlg") == "fedsim"
     # Named for the processes this one starts (Ray workers read it in every registry).
