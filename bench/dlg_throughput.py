@@ -28,7 +28,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fedsim.attacks.base import Observation, create_attack
+from fedsim.attacks.base import Observation
+from fedsim.attacks.registry import create_attack
 from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset

@@ -37,6 +37,7 @@ from rich.console import Console
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, load_scenario, require
+from fedsim.core.plugins import use_plugins
 from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import RunRecorder, write_summary
 from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
@@ -113,7 +114,9 @@ def main(grid: Grid, context: Context) -> None:
 
 @cache
 def _run_scenario(items: tuple[tuple[str, object], ...]) -> Scenario:
-    return scenario_from_run_config(dict(items))
+    scenario = scenario_from_run_config(dict(items))
+    use_plugins(scenario.plugins)  # the ServerApp's validation imports them on its side
+    return scenario
 
 
 @cache

@@ -34,3 +34,19 @@ def message_identity() -> Iterator[None]:
 
     with message_context():
         yield
+
+
+@pytest.fixture
+def plugin_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """What loading a scenario's plugins changes in this process (``sys.path``, the
+    variables that name them for child processes) is undone after the test."""
+    import sys
+
+    from fedsim.core import plugins
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    plugins.refresh_entry_points()
+    yield
+    plugins.refresh_entry_points()

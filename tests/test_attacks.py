@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.base import Observation, create_attack
+from fedsim.attacks.base import Observation
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.gradients import target_gradient
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS
+from fedsim.attacks.registry import create_attack
 from fedsim.attacks.sapag import SAPAGParams
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table

@@ -10,7 +10,8 @@ Nothing here runs a simulation. Each shell block of ``README.md``, ``docs/*.md``
   flag given to it; ``bash bench/X.sh ...``: the script exists and its argument loop takes every
   flag; ``make X``: the Makefile has target X;
 - ``flwr run``, ``flower-superlink``, ``flower-supernode``: every flag is in that command's
-  ``--help`` (skipped where Flower's commands are not installed beside this interpreter).
+  ``--help`` (skipped where Flower's commands are not installed beside this interpreter);
+- ``pip install -e PATH``: the folder of this repository exists.
 
 Every TOML block loads as a scenario (or, for a sweep spec, parses), inline ``fedsim ...``
 spans name a real subcommand and its real flags, and every relative link between the pages
@@ -244,6 +245,8 @@ def test_every_shell_command_in_the_docs_is_real(page: str, command: list[str]) 
         assert not missing, f"the Makefile has no target {sorted(missing)}"
     elif program in ("flwr", "flower-superlink", "flower-supernode"):
         _check_flower(command)
+    elif program == "pip":  # installing a folder of this repository (its path is checked below)
+        assert command[1:3] == ["install", "-e"] and len(command) == 4, command
     else:
         assert program in SHELL_ONLY, f"{page}: no check for {program!r}; add one here"
     for token in command[1:]:

@@ -53,6 +53,14 @@ attacks = [{ name = "dlg", steps = 5, restarts = 1 }]
 victims = 1
 """
 
+# The example plugin's federation (its model, dataset, strategy and attack), small, with DLG
+# beside its attack: the ServerApp, the ClientApps and the audit's workers all load the plugin.
+TINYLAB = REPO / "examples" / "plugin" / "tinylab.toml"
+TINYLAB_SMALL = [
+    "federation.num-clients=2",
+    "audit.attacks=[{name='dlg',steps=5,restarts=1},{name='tinylab-row-ratio'}]",
+]
+
 
 def test_run_config_names_a_shipped_scenario_or_a_file(tmp_path: Path) -> None:
     path = tmp_path / "mine.toml"
@@ -170,15 +178,16 @@ def deployment(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("plugin_env")
 def test_flwr_run_on_superlink_gives_the_simulation_engines_metrics(
     tmp_path: Path, deployment: tuple[dict[str, str], str]
 ) -> None:
     from fedsim.simulation.runner import run_scenario
 
     env, connection = deployment
-    scenario_file = tmp_path / "app-audit.toml"
-    scenario_file.write_text(SCENARIO)
-    simulated = run_scenario(load_scenario(scenario_file), tmp_path / "simulation").run_dir
+    # `fedsim run`'s engine, then `flwr run`, on the example plugin's scenario.
+    scenario = load_scenario(TINYLAB, TINYLAB_SMALL)
+    simulated = run_scenario(scenario, tmp_path / "simulation").run_dir
     deployed = tmp_path / "deployment"
 
     submitted = subprocess.run(
@@ -189,7 +198,7 @@ def test_flwr_run_on_superlink_gives_the_simulation_engines_metrics(
             connection,
             "--stream",
             "--run-config",
-            f'scenario="{scenario_file}" out="{deployed}"',
+            f'scenario="{TINYLAB}" out="{deployed}" set="{";".join(TINYLAB_SMALL)}"',
         ],
         env=env,
         capture_output=True,
@@ -216,6 +225,14 @@ def test_flwr_run_on_superlink_gives_the_simulation_engines_metrics(
     pd.testing.assert_frame_equal(ours[compared], theirs[compared], rtol=1e-5)
     audits = [pd.read_csv(d / "audit.csv") for d in (deployed, simulated)]
     assert list(audits[0]["client"]) == list(audits[1]["client"])
+    # Both attacks each round, the plugin's reading one example back exactly, on either engine.
+    ours_audit, theirs_audit = (
+        a.sort_values(["round", "client", "attack"]).reset_index(drop=True) for a in audits
+    )
+    assert list(ours_audit["attack"]) == 2 * ["dlg", "tinylab-row-ratio"]
+    assert set(ours_audit["strategy"]) == {"tinylab-smooth"}
+    pd.testing.assert_series_equal(ours_audit["psnr"], theirs_audit["psnr"], rtol=1e-5)
+    assert (ours_audit[ours_audit["attack"] == "tinylab-row-ratio"]["psnr"] > 60).all()
     clients = [
         pd.read_csv(d / "clients.csv").sort_values(["round", "phase", "partition-id"])
         for d in (deployed, simulated)

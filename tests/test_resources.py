@@ -43,6 +43,18 @@ REPO = Path(__file__).resolve().parents[1]
 AUDIT_FEDAVG = REPO / "scenarios" / "audit-fedavg.toml"
 # A DLG budget that only has to finish: these tests check scheduling, not leakage.
 SHORT_AUDIT = ["federation.rounds=2", "audit.attacks=[{name='dlg', steps=5, restarts=1}]"]
+# The example plugin's model, dataset, strategy (and client routine) and attack, by path.
+TINYLAB = REPO / "examples" / "plugin" / "tinylab"
+WITH_PLUGIN = [
+    f"plugins=['{TINYLAB}']",
+    "data.dataset='tinylab-bars'",
+    "data.image-size=16",
+    "data.samples-per-client=40",
+    "model.name='tinylab-mlp'",
+    "model.init='default'",
+    "strategy.name='tinylab-smooth'",
+    "audit.attacks=[{name='tinylab-row-ratio'}]",
+]
 ONE_GPU = [NodeResources("gpu-node", 16.0, 1.0)]
 
 
@@ -294,12 +306,17 @@ def ray_cluster() -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("plugin_env")
 def test_audited_run_on_a_separately_started_cluster(
     ray_cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The run is the example plugin's: its workers on the cluster load it too.
     monkeypatch.setenv(TEST_LOGICAL_GPUS_ENV, "1")  # the cluster's GPU is logical too
     scenario = _scenario(
-        f"backend.address='{ray_cluster}'", "backend.num-gpus=0.25", "audit.num-gpus=0.5"
+        f"backend.address='{ray_cluster}'",
+        "backend.num-gpus=0.25",
+        "audit.num-gpus=0.5",
+        *WITH_PLUGIN,
     )
 
     run_scenario(scenario, tmp_path / "cluster")
@@ -308,3 +325,8 @@ def test_audited_run_on_a_separately_started_cluster(
     _check_audited_run(tmp_path / "cluster", actors=2)
     where = json.loads((tmp_path / "cluster" / RESOURCES_FILE).read_text())["where"]
     assert ray_cluster in where
+    audit = pd.read_csv(tmp_path / "cluster" / AUDIT_FILE)
+    # The plugin's attack on the plugin's model: one example read back exactly.
+    assert set(audit["attack"]) == {"tinylab-row-ratio"}
+    assert set(audit["strategy"]) == {"tinylab-smooth"}
+    assert (audit["psnr"] > 60).all()

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from fedsim.attacks.aligned import AlignedDLG
 from fedsim.attacks.analytic import AnalyticFC
-from fedsim.attacks.base import Attack, Observation, Reconstruction, create_attack
+from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.grnn import GRNN
 from fedsim.attacks.ig import InvertingGradients
-from fedsim.attacks.registry import ATTACKS, resolve_attack
+from fedsim.attacks.registry import ATTACKS, create_attack, resolve_attack
 from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
 from fedsim.attacks.spear import Spear

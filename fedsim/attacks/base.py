@@ -13,7 +13,7 @@ whose premise is knowing them (``batchnorm = "known"``) and is recorded so.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -173,21 +173,3 @@ class Attack(ABC):
     ) -> list[Reconstruction]:
         """Attack several observations (one by one here; batched where an attack can)."""
         return [self.reconstruct(obs, seed) for obs in observations]
-
-
-def create_attack(
-    name: str,
-    params: Mapping[str, Any] | None = None,
-    device: torch.device | str = "cpu",
-    key: str = "attack",
-) -> Attack:
-    """The attack registered as ``name`` with ``params``, a kebab-case table.
-
-    The table is validated strictly against the attack's ``Params`` (unknown
-    keys and bad values raise :class:`~fedsim.core.config.ScenarioError` naming
-    ``key.<field>``); absent keys keep the paper's defaults.
-    """
-    from fedsim.attacks.registry import resolve_attack
-
-    attack: Attack = resolve_attack(name, params, key).create(device=torch.device(device))
-    return attack

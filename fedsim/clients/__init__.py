@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedsim.clients.base import ClientRoutine
 from fedsim.core.registry import Registry
 
-CLIENT_ROUTINES: Registry[Any] = Registry("client routine", ("fedsim.clients",))
+CLIENT_ROUTINES: Registry[Any] = Registry(
+    "client routine", ("fedsim.clients",), group="fedsim.clients", subclass_of=ClientRoutine
+)

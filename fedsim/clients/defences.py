@@ -80,7 +80,6 @@ if TYPE_CHECKING:
     from opacus import GradSampleModule
 
 # Opacus is imported where DP-SGD runs: it adds seconds to every client actor's start.
-DEFENCES: Registry[Any] = Registry("defence")
 Tensors = dict[str, torch.Tensor]
 
 ACCOUNTANT_KEY = "dp-sgd-accountant"
@@ -133,6 +132,11 @@ class Defence:
     def training(self, env: ClientEnv, server_round: int) -> DPTraining | None:
         """A hook for :func:`fedsim.core.training.train_local`, or ``None``."""
         return None
+
+
+DEFENCES: Registry[Any] = Registry(
+    "defence", group="fedsim.defences", subclass_of=Defence, needs=("Params",)
+)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""``fedsim list [KIND]``: registered components with a line each, and the shipped scenarios."""
+"""``fedsim list [KIND]``: registered components with a line each and where each comes from
+(``fedsim``, or a plugin's distribution or module), and the shipped scenarios.
+
+Plugins installed as entry points are listed; a scenario's ``plugins`` key is not
+read here (set ``FEDSIM_PLUGINS`` to list those, :mod:`fedsim.core.plugins`)."""
 
 from __future__ import annotations
 
@@ -68,17 +72,17 @@ class ListCommand:
                 raise ScenarioError("KIND", args.kind, ", ".join(KINDS))
             kinds = tuple(chosen)
         registries = _registries()
-        table = Table("kind", "name", "what it is", show_lines=False)
+        table = Table("kind", "name", "from", "what it is", show_lines=False)
         for column in table.columns:
             column.overflow = "fold"  # wrap long cells instead of cutting them off
         for kind in kinds:
             if kind == "scenarios":
                 for name in shipped_scenarios():
-                    table.add_row(kind, name, _scenario_description(name))
+                    table.add_row(kind, name, "fedsim", _scenario_description(name))
                 continue
             registry = registries[kind]
             for name in registry.names():
-                table.add_row(kind, name, registry.describe(name))
+                table.add_row(kind, name, registry.origin(name), registry.describe(name))
         Console().print(table)
         return 0
 

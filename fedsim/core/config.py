@@ -30,22 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+from fedsim.core.errors import ScenarioError
+from fedsim.core.errors import first_line as first_line  # re-exported
+from fedsim.core.plugins import is_path, require_module_name
 from fedsim.core.registry import Registry, UnknownNameError
 
 T = TypeVar("T")
-
-
-class ScenarioError(ValueError):
-    """Invalid scenario input: names the key, the value and what is allowed."""
-
-    def __init__(self, key: str, value: object, allowed: str) -> None:
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key} = {value!r}: {allowed}")
-
-
-def first_line(err: BaseException) -> str:
-    """An exception's first line for a one-line refusal (its type when it has no text)."""
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def require(condition: bool, key: str, value: object, allowed: str) -> None:
@@ -477,10 +467,16 @@ class Scenario:
     ``defences``: client-side defences applied in order to what each client
     uploads (``[[defences]]`` tables ``{name = "gaussian", sigma = 0.01}``;
     see :mod:`fedsim.clients.defences`).
+
+    ``plugins``: code that registers components the scenario names, imported
+    before validation in every process of the run: module names, or paths of
+    a ``.py`` file or a package folder, relative to the scenario file
+    (:mod:`fedsim.core.plugins`; docs/bring-your-own.md).
     """
 
     name: str = "scenario"
     description: str = ""
+    plugins: tuple[str, ...] = ()
     federation: FederationConfig = FederationConfig()
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -495,6 +491,10 @@ class Scenario:
 
     def __post_init__(self) -> None:
         require_file_name(self.name, "name")  # run folders are named after it
+        for i, entry in enumerate(self.plugins):
+            require(bool(entry.strip()), f"plugins[{i}]", entry, "must not be empty")
+            if not is_path(entry):
+                require_module_name(entry, f"plugins[{i}]")
 
 
 def _parse_value(text: str) -> Any:
@@ -617,7 +617,13 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     path = Path(path)
     raw = read_toml(path)
     raw.setdefault("name", path.stem)
-    return scenario_from_dict(apply_overrides(raw, overrides or []))
+    scenario = scenario_from_dict(apply_overrides(raw, overrides or []))
+    # A plugin's path means the same from any directory: relative to the scenario file.
+    plugins = tuple(
+        str((path.parent / entry).resolve()) if is_path(entry) else entry
+        for entry in scenario.plugins
+    )
+    return dataclasses.replace(scenario, plugins=plugins)
 
 
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:

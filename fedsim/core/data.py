@@ -103,7 +103,7 @@ class RawDataset:
 
 
 Loader = Callable[[DataConfig], RawDataset]
-DATASETS: Registry[Loader] = Registry("dataset")
+DATASETS: Registry[Loader] = Registry("dataset", group="fedsim.datasets")
 
 
 def _site_packages_file(module: str, *parts: str) -> Path:

@@ -41,8 +41,8 @@ class SplitNet(nn.Module):
 
 
 ModelBuilder = Callable[[InputSpec], SplitNet]
-MODELS: Registry[ModelBuilder] = Registry("model")
-INITS: Registry[Callable[[nn.Module], None]] = Registry("init scheme")
+MODELS: Registry[ModelBuilder] = Registry("model", group="fedsim.models")
+INITS: Registry[Callable[[nn.Module], None]] = Registry("init scheme", group="fedsim.inits")
 
 
 def _feature_dim(extractor: nn.Module, spec: InputSpec) -> int:

@@ -36,7 +36,9 @@ class Partitioner(Protocol):
     ) -> list[np.ndarray]: ...
 
 
-PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
+PARTITIONERS: Registry[Partitioner] = Registry(
+    "partitioner", group="fedsim.partitioners", needs=("Params",)
+)
 
 
 def _partitioner(name: str, params: type) -> Callable[[Callable[..., list[np.ndarray]]], Any]:

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsim.clients.defences import check_defences
+from fedsim.attacks import ATTACKS
+from fedsim.clients import CLIENT_ROUTINES
+from fedsim.clients.defences import DEFENCES, check_defences
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import (
     Scenario,
@@ -37,8 +39,9 @@ from fedsim.core.config import (
 )
 from fedsim.core.data import DATASETS, check_dataset_available, load_raw, shaped_channels
 from fedsim.core.devices import test_logical_gpus
-from fedsim.core.models import INITS, MODELS, InputSpec
+from fedsim.core.models import INITS, MODELS, InputSpec, SplitNet
 from fedsim.core.partition import PARTITIONERS, partition_dataset
+from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.strategies import STRATEGIES
@@ -67,7 +70,13 @@ def _dry_forward(
     # The side length decides the shapes; channels and classes do not break any zoo model.
     spec = InputSpec(3 if rgb else 1, image_size, 10)
     with torch.device("meta"):
-        builder(spec).train(train)(torch.zeros(1, spec.channels, image_size, image_size))
+        model = builder(spec)
+        if not isinstance(model, SplitNet):  # a plugin's builder: FedSplit and attacks need it
+            raise TypeError(
+                f"it builds a {type(model).__qualname__}, not a fedsim.core.models.SplitNet "
+                "(an extractor, then a classifier)"
+            )
+        model.train(train)(torch.zeros(1, spec.channels, image_size, image_size))
 
 
 def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
@@ -79,6 +88,8 @@ def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
         # Eval mode: batch norm in training mode refuses a batch of one 1x1 map
         # (that is :func:`trains_on_one_example`'s question).
         _dry_forward(builder, image_size, rgb, train=False)
+    except TypeError as err:
+        raise ScenarioError("model.name", model, first_line(err)) from None
     except (RuntimeError, ValueError) as err:
         raise ScenarioError(
             key, image_size, f"does not fit model {model!r} ({first_line(err)}); try 32"
@@ -126,9 +137,25 @@ def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Re
     return attacks
 
 
+PLUGGABLE = (MODELS, INITS, DATASETS, PARTITIONERS, STRATEGIES, CLIENT_ROUTINES, DEFENCES, ATTACKS)
+"""The registries plugins add to (each loads its entry-point group on its first lookup)."""
+
+
+def check_plugins(scenario: Scenario) -> None:
+    """Import the scenario's ``plugins`` and load every registry's plugins now, so that
+    one that fails to import, clashes or registers the wrong kind is refused before any work."""
+    use_plugins(scenario.plugins)
+    for registry in PLUGGABLE:
+        try:
+            registry.names()
+        except RegistrationError as err:  # fedsim's own modules, loaded after a plugin's
+            raise ScenarioError("plugins", list(scenario.plugins), str(err)) from None
+
+
 def check_components(scenario: Scenario) -> Components:
     """Every name and parameter the scenario gives and how they fit, resolved; raise
     ScenarioError."""
+    check_plugins(scenario)
     lookup(DATASETS, scenario.data.dataset, "data.dataset")
     lookup(INITS, scenario.model.init, "model.init")
     data = scenario.data

@@ -47,6 +47,7 @@ from typing import Any
 from fedsim.audit.tasks import AUDIT_RESERVATION_NAME
 from fedsim.core.config import Scenario, ScenarioError
 from fedsim.core.devices import test_logical_gpus
+from fedsim.core.plugins import PLUGINS_ENV
 
 RESOURCES_FILE = "resources.json"
 CONNECT_TIMEOUT_S = 5.0  # a Ray head answers a TCP connect at once when it exists
@@ -295,12 +296,17 @@ def check_address_answers(address: str, timeout: float = CONNECT_TIMEOUT_S) -> N
 
 
 def ray_runtime_env() -> dict[str, Any]:
-    """Workers import fedsim from where this driver does (as Flower's own init does)."""
+    """Workers import fedsim, and the scenario's plugins, from where this driver does (as
+    Flower's own init does); every worker's registries import the plugins the scenario
+    named (:data:`~fedsim.core.plugins.PLUGINS_ENV`) on their first lookup."""
     paths = [p for p in sys.path if p] + [os.getcwd()]
     pythonpath = os.pathsep.join(dict.fromkeys(paths))
     if os.environ.get("PYTHONPATH"):
         pythonpath += os.pathsep + os.environ["PYTHONPATH"]
-    return {"env_vars": {"PYTHONPATH": pythonpath}}
+    env_vars = {"PYTHONPATH": pythonpath}
+    if os.environ.get(PLUGINS_ENV):
+        env_vars[PLUGINS_ENV] = os.environ[PLUGINS_ENV]
+    return {"env_vars": env_vars}
 
 
 KEEP_IDLE_WORKERS = {"idle_worker_killing_time_threshold_ms": 3_600_000}

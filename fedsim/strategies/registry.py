@@ -5,5 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fedsim.core.registry import Registry
+from fedsim.strategies.base import EngineHooks
 
-STRATEGIES: Registry[Any] = Registry("strategy", ("fedsim.strategies",))
+STRATEGIES: Registry[Any] = Registry(
+    "strategy",
+    ("fedsim.strategies",),
+    group="fedsim.strategies",
+    subclass_of=EngineHooks,
+    needs=("Params", "client_routine"),
+)
