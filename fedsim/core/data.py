@@ -31,8 +31,8 @@ import gzip
 import importlib
 import os
 import shutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.core.config import ComponentConfig, DataConfig, ScenarioError, first_line
+from fedsim.core.raw import RawDataset
 from fedsim.core.registry import Registry
 
 
@@ -86,20 +87,6 @@ class DatasetBundle:
     @property
     def image_size(self) -> int:
         return int(self.train_images.shape[-1])
-
-
-@dataclass(frozen=True)
-class RawDataset:
-    """What a loader returns: uint8-range or [0,1] arrays before shaping."""
-
-    train_images: np.ndarray  # (N, H, W) or (N, H, W, C), values in [0, 1]
-    train_labels: np.ndarray
-    test_images: np.ndarray
-    test_labels: np.ndarray
-    num_classes: int
-    # Per-sample columns of the training set besides the label (a writer id), by name:
-    # what Flower Datasets' partitioners may split by (partition-by = "writer").
-    train_columns: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 Loader = Callable[[DataConfig], RawDataset]

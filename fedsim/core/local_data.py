@@ -22,11 +22,10 @@ import numpy as np
 
 from fedsim.core.config import ScenarioError, first_line, path_kind
 from fedsim.core.flower_datasets import INDEX, LABEL, offline_import
+from fedsim.core.raw import RawDataset
 
 if TYPE_CHECKING:
     from PIL.Image import Image
-
-    from fedsim.core.data import RawDataset
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
 
@@ -80,7 +79,6 @@ def _raw(
     test: tuple[np.ndarray, np.ndarray] | None,
     columns: dict[str, np.ndarray],
 ) -> RawDataset:
-    from fedsim.core.data import RawDataset
 
     if test is None:
         mask = hold_out(labels)
