@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+
+import fedsim
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -42,11 +46,30 @@ def plugin_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     variables that name them for child processes) is undone after the test."""
     import sys
 
+    from fedsim.clients import CLIENT_ROUTINES
+    from fedsim.commands.list import _registries
     from fedsim.core import plugins
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     plugins.refresh_entry_points()
+    # What the test's plugins registered goes too: later tests see fedsim's own.
+    registries = [*_registries().values(), CLIENT_ROUTINES]
+    for registry in registries:
+        registry.names()  # fedsim's own modules register now, before the snapshot
+    saved = [
+        {k: dict(v) if isinstance(v, dict) else v for k, v in vars(r).items()} for r in registries
+    ]
+    modules = set(sys.modules)
+    plugin_homes = (tempfile.gettempdir(), str(Path(fedsim.__file__).parents[1] / "examples"))
     yield
+    # ... and the plugin modules, so that a later import registers them again.
+    for name in set(sys.modules) - modules:
+        where = str(getattr(sys.modules[name], "__file__", None) or "")
+        if where.startswith(plugin_homes):
+            del sys.modules[name]
+    for registry, state in zip(registries, saved, strict=True):
+        vars(registry).clear()
+        vars(registry).update(state)
     plugins.refresh_entry_points()
