@@ -51,7 +51,13 @@ from fedsim.core.config import (
     require,
     require_image_size,
 )
-from fedsim.core.data import DATASETS, DatasetBundle, Normalization, load_dataset
+from fedsim.core.data import (
+    DATASETS,
+    DatasetBundle,
+    Normalization,
+    generated_dataset,
+    load_dataset,
+)
 from fedsim.core.devices import pick_device
 from fedsim.core.metrics import ReconstructionScore
 from fedsim.core.models import INITS, MODELS, InputSpec, build_model
@@ -187,6 +193,12 @@ class AttackExperiment:
         )
         require_image_size(self.image_size, "--image-size")
         lookup(DATASETS, self.dataset, "--dataset")
+        require(
+            not generated_dataset(DataConfig(dataset=self.dataset)),
+            "--dataset",
+            self.dataset,
+            "is generated feature vectors, not images: the attacks reconstruct images",
+        )
         lookup(MODELS, self.model, "--model")
         lookup(INITS, self.init, "--init")
         require(

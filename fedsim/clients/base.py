@@ -11,10 +11,10 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.core import protocol
 from fedsim.core.config import Scenario
-from fedsim.core.data import DatasetBundle, load_dataset
+from fedsim.core.data import DatasetBundle
 from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
-from fedsim.core.partition import ClientSplit, partition_dataset
+from fedsim.core.partition import ClientSplit, client_data
 from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
 from fedsim.core.training import (
     LossFn,
@@ -51,12 +51,10 @@ class ClientEnv:
         state: RecordDict,
         state_dir: Path | None = None,
     ) -> ClientEnv:
-        bundle = load_dataset(scenario.data)
-        splits = partition_dataset(
-            scenario.data, scenario.federation.num_clients, scenario.federation.seed
-        )
+        fed = scenario.federation
+        bundle, split = client_data(scenario.data, fed.num_clients, fed.seed, partition_id)
         device = gpu_if(scenario.backend.num_gpus > 0)
-        return cls(partition_id, scenario, bundle, splits[partition_id], device, state, state_dir)
+        return cls(partition_id, scenario, bundle, split, device, state, state_dir)
 
     @property
     def train_data(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -278,6 +278,9 @@ class DataConfig:
     channels: Literal["native", "gray", "rgb"] = "native"
     normalize: bool = False
     partitioner: ComponentConfig = ComponentConfig("iid")
+    # A generated dataset's parameters (``data.generator``, a table); ``name`` repeats
+    # ``dataset``. Real datasets take none.
+    generator: ComponentConfig = ComponentConfig("")
     samples_per_client: int = 0
     test_fraction: float = 0.2
 
@@ -543,6 +546,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     strategy = _component(tables.pop("strategy", None), "strategy", "fedavg")
     data_table = _table(tables.pop("data", {}), "data")
     partitioner = _component(data_table.pop("partitioner", None), "data.partitioner", "iid")
+    generator = _table(data_table.pop("generator", {}), "data.generator")
     audit_table = _table(tables.pop("audit", {}), "audit")
     attack_tables = audit_table.pop("attacks", None)
     defence_tables = tables.pop("defences", [])
@@ -556,7 +560,11 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     scenario = dataclasses.replace(
         scenario,
         strategy=strategy,
-        data=dataclasses.replace(scenario.data, partitioner=partitioner),
+        data=dataclasses.replace(
+            scenario.data,
+            partitioner=partitioner,
+            generator=ComponentConfig(scenario.data.dataset, generator),
+        ),
         defences=tuple(_component(t, f"defences[{i}]", "") for i, t in enumerate(defence_tables)),
     )
     if attack_tables is not None:
@@ -634,6 +642,9 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         for part in path[:-1]:
             parent = parent[part]
         parent[path[-1]] = _inline_component(parent[path[-1]])
+    generator = table["data"].pop("generator")
+    if generator["params"]:  # a table of parameters only: data.dataset names the generator
+        table["data"]["generator"] = generator["params"]
     if scenario.audit.attacks != AUTO:
         table["audit"]["attacks"] = [_inline_component(a) for a in table["audit"]["attacks"]]
     table["defences"] = [_inline_component(d) for d in table["defences"]]

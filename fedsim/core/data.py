@@ -22,6 +22,11 @@ where a network exists): ``mnist``, ``fashion-mnist``, ``cifar10``,
 A researcher's own files in ``root`` (:mod:`fedsim.core.local_data`):
 ``image-folder`` (a subfolder of images per class) and ``flwr-local`` (Flower
 Datasets' ``FederatedDataset`` on parquet files or an ``imagefolder`` tree).
+
+Generated per device, never held centrally (:mod:`fedsim.core.generated`):
+``synthetic``, the FedProx paper's Synthetic(alpha, beta) feature vectors. Its
+bundle here holds the server's held-out test set only; a client's examples come
+from :func:`fedsim.core.partition.client_data`.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.core.config import ComponentConfig, DataConfig, ScenarioError, first_line
+from fedsim.core.generated import SYNTHETIC, GeneratedDataset
 from fedsim.core.raw import RawDataset
 from fedsim.core.registry import Registry
 
@@ -261,6 +267,18 @@ def _flwr_local(cfg: DataConfig) -> RawDataset:
     return federated_dataset(cfg.root)
 
 
+DATASETS.register(
+    "synthetic",
+    "FedProx's Synthetic(alpha, beta): 60-feature vectors generated per device (data.generator)",
+)(SYNTHETIC)
+
+
+def generated_dataset(cfg: DataConfig) -> GeneratedDataset | None:
+    """The generator behind ``cfg.dataset``, or None for a dataset of stored examples."""
+    loader = DATASETS.get(cfg.dataset)
+    return loader if isinstance(loader, GeneratedDataset) else None
+
+
 LOCAL_ROOT_DATASETS = ("mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "usps")
 
 
@@ -284,8 +302,13 @@ def _load_raw(cfg_key: DataConfig) -> RawDataset:
 
 
 def load_raw(cfg: DataConfig) -> RawDataset:
-    """The dataset as its loader gives it, before resizing (cached; cheap to size things by)."""
-    return _load_raw(DataConfig(dataset=cfg.dataset, root=cfg.root, download=cfg.download))
+    """The dataset as its loader gives it, before resizing (cached; cheap to size things by).
+
+    A generated dataset's is its server test set only (:class:`GeneratedDataset`)."""
+    generator = cfg.generator if generated_dataset(cfg) else ComponentConfig("")
+    return _load_raw(
+        DataConfig(dataset=cfg.dataset, root=cfg.root, download=cfg.download, generator=generator)
+    )
 
 
 def shaped_channels(raw: RawDataset, cfg: DataConfig) -> int:
@@ -294,9 +317,34 @@ def shaped_channels(raw: RawDataset, cfg: DataConfig) -> int:
     return {"rgb": 3, "gray": 1}.get(cfg.channels, native)
 
 
+Arrays = tuple[np.ndarray, np.ndarray]
+
+
+def feature_bundle(name: str, train: Arrays, test: Arrays, classes: int) -> DatasetBundle:
+    """Feature vectors ``(N, F)`` as a bundle of ``(N, F, 1, 1)`` tensors, as they are."""
+
+    def inputs(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[:, :, None, None]
+
+    return DatasetBundle(
+        name=name,
+        train_images=inputs(train[0]),
+        train_labels=torch.from_numpy(np.asarray(train[1], dtype=np.int64)),
+        test_images=inputs(test[0]),
+        test_labels=torch.from_numpy(np.asarray(test[1], dtype=np.int64)),
+        num_classes=classes,
+        normalization=Normalization.identity(int(train[0].shape[1])),
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def _load_cached(cfg_key: DataConfig) -> DatasetBundle:
     raw = load_raw(cfg_key)
+    if generated_dataset(cfg_key):  # feature vectors: no resizing, clamping or channels
+        flat = (raw.train_images[:, 0, 0, :], raw.train_labels)
+        return feature_bundle(
+            cfg_key.dataset, flat, (raw.test_images[:, 0, 0, :], raw.test_labels), raw.num_classes
+        )
     train, test = _shape(raw.train_images, cfg_key), _shape(raw.test_images, cfg_key)
     channels = int(train.shape[1])
     norm = Normalization.identity(channels)
@@ -325,7 +373,10 @@ def load_dataset(cfg: DataConfig) -> DatasetBundle:
 
 def check_dataset_available(cfg: DataConfig) -> None:
     """Fail early, before Ray starts, when a local-root dataset has no data."""
-    DATASETS.get(cfg.dataset)
+    generator = generated_dataset(cfg)
+    if generator:  # nothing stored to find; its parameters are checked
+        generator.params(cfg)
+        return
     if cfg.dataset in LOCAL_ROOT_DATASETS and not cfg.download:
         if not cfg.root:
             raise ScenarioError(

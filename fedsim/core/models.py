@@ -137,6 +137,18 @@ def mlp_2nn(spec: InputSpec) -> SplitNet:
     return SplitNet(extractor, nn.Sequential(nn.Flatten(), nn.Linear(200, spec.num_classes)))
 
 
+@MODELS.register("logreg")
+def logreg(spec: InputSpec) -> SplitNet:
+    """Multinomial logistic regression: one linear layer on the flattened input.
+
+    The extractor only flattens (no parameters), the classifier is the linear
+    layer: FedProx's model for its Synthetic data (60 features, 10 classes: 610
+    parameters). On images it is softmax regression on the pixels.
+    """
+    inputs = spec.channels * spec.image_size**2
+    return SplitNet(nn.Flatten(), nn.Sequential(nn.Flatten(), nn.Linear(inputs, spec.num_classes)))
+
+
 @MODELS.register("cnn-fedavg")
 def cnn_fedavg(spec: InputSpec) -> SplitNet:
     """FedAvg's CNN (McMahan et al. 2017): two 5x5 "same" convs (32, 64), each followed by

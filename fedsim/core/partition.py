@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from fedsim.core.config import DataConfig, component_params, require
-from fedsim.core.data import load_dataset, load_raw
+from fedsim.core.config import ComponentConfig, DataConfig, component_params, require
+from fedsim.core.data import (
+    DatasetBundle,
+    feature_bundle,
+    generated_dataset,
+    load_dataset,
+    load_raw,
+)
 from fedsim.core.flower_datasets import PREFIX, SUPPORTED, FlowerPartitioner
 from fedsim.core.registry import Registry
 from fedsim.core.seeds import SeedStream, stream_rng
@@ -153,7 +159,12 @@ class ClientSplit:
 
 @functools.lru_cache(maxsize=4)
 def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[ClientSplit, ...]:
-    """All clients' splits (computed once per process; cheap next to training)."""
+    """All clients' splits (computed once per process; cheap next to training).
+
+    Stored datasets only: a generated one has no population-wide split (:func:`client_data`).
+    """
+    if generated_dataset(cfg):
+        raise ValueError(f"dataset {cfg.dataset!r} is generated per client: use client_data")
     labels = load_dataset(cfg).train_labels.numpy()
     partitioner = PARTITIONERS.get(cfg.partitioner.name)
     params = component_params(partitioner, cfg.partitioner, "data.partitioner")
@@ -171,3 +182,46 @@ def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[Cli
         num_test = round(cfg.test_fraction * len(local))
         splits.append(ClientSplit(train=np.sort(local[num_test:]), test=np.sort(local[:num_test])))
     return tuple(splits)
+
+
+def client_size(cfg: DataConfig, client: int) -> int:
+    """How many examples ``client`` of a generated dataset holds (capped by samples-per-client)."""
+    generator = generated_dataset(cfg)
+    if generator is None:
+        raise ValueError(f"dataset {cfg.dataset!r} is not generated")
+    size = generator.device_size(generator.params(cfg), client)
+    return min(size, cfg.samples_per_client) if cfg.samples_per_client else size
+
+
+def local_test_count(cfg: DataConfig, held: int) -> int:
+    """Of ``held`` examples, how many a client keeps for its local test split."""
+    return round(cfg.test_fraction * held)
+
+
+@functools.lru_cache(maxsize=8)
+def _generated_client(cfg: DataConfig, client: int) -> tuple[DatasetBundle, ClientSplit]:
+    generator = generated_dataset(cfg)
+    assert generator is not None
+    params = generator.params(cfg)
+    held = client_size(cfg, client)
+    x, y = generator.device_examples(params, client, held, SeedStream.GENERATED_SAMPLES)
+    num_train = held - local_test_count(cfg, held)
+    _, classes = generator.shape(params)
+    bundle = feature_bundle(cfg.dataset, (x, y), (x[:0], y[:0]), classes)
+    split = ClientSplit(train=np.arange(num_train), test=np.arange(num_train, held))
+    return bundle, split
+
+
+def client_data(
+    cfg: DataConfig, num_clients: int, seed: int, client: int
+) -> tuple[DatasetBundle, ClientSplit]:
+    """Client ``client``'s bundle and its split into local training and test indices.
+
+    A stored dataset: the shared bundle and the client's part of
+    :func:`partition_dataset`. A generated one: the client's own examples, drawn
+    from its seed streams on demand (a few cached per process), split
+    ``1 - test-fraction`` / ``test-fraction``; its cost is this client's alone.
+    """
+    if generated_dataset(cfg):
+        return _generated_client(replace(cfg, partitioner=ComponentConfig("iid")), client)
+    return load_dataset(cfg), partition_dataset(cfg, num_clients, seed)[client]

@@ -49,6 +49,12 @@ class SeedStream(enum.Enum):
     DP_SGD_GAN = ("dp-sgd-gan", Party.FEDERATION, ("seed", "round", "partition"))
     DISTILL = ("distill", Party.FEDERATION, ("seed", "round"))
     DISTILL_PROBE = ("distill-probe", Party.FEDERATION, ("seed", "round"))
+    # Generated datasets (:mod:`fedsim.core.generated`): "seed" is the generator's own
+    # seed, "partition" the device; a device's data is a pure function of the two.
+    GENERATED_SHARED = ("generated-shared", Party.FEDERATION, ("seed",))
+    GENERATED_DEVICE = ("generated-device", Party.FEDERATION, ("seed", "partition"))
+    GENERATED_SAMPLES = ("generated-samples", Party.FEDERATION, ("seed", "partition"))
+    GENERATED_TEST = ("generated-test", Party.FEDERATION, ("seed", "partition"))
     # The attacker: the audit and fedsim attack.
     AUDIT_VICTIMS = ("audit-victims", Party.ATTACKER, ("seed", "round"))
     AUDIT_BOOTSTRAP = ("audit-bootstrap", Party.ATTACKER, ("seed", "round"))

@@ -31,16 +31,24 @@ from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.defences import DEFENCES, check_defences
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import (
+    DataConfig,
     Scenario,
     ScenarioError,
     first_line,
     lookup,
     require,
 )
-from fedsim.core.data import DATASETS, check_dataset_available, load_raw, shaped_channels
+from fedsim.core.data import (
+    DATASETS,
+    check_dataset_available,
+    generated_dataset,
+    load_raw,
+    shaped_channels,
+)
 from fedsim.core.devices import test_logical_gpus
+from fedsim.core.generated import GeneratedDataset
 from fedsim.core.models import INITS, MODELS, InputSpec, SplitNet
-from fedsim.core.partition import PARTITIONERS, partition_dataset
+from fedsim.core.partition import PARTITIONERS, local_test_count, partition_dataset
 from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
 from fedsim.scenario.portfolio import resolve_attacks
@@ -63,12 +71,16 @@ MAX_ACTORS_PER_CORE = 4
 BYTES_PER_VALUE = 4  # float32 images
 
 
+def _image_spec(image_size: int, rgb: bool) -> InputSpec:
+    # The side length decides the shapes; channels and classes do not break any zoo model.
+    return InputSpec(3 if rgb else 1, image_size, 10)
+
+
 def _dry_forward(
-    builder: Callable[[InputSpec], torch.nn.Module], image_size: int, rgb: bool, train: bool
+    builder: Callable[[InputSpec], torch.nn.Module], spec: InputSpec, train: bool
 ) -> None:
     """One example through the model ``builder`` makes, on the ``meta`` device (shapes only)."""
-    # The side length decides the shapes; channels and classes do not break any zoo model.
-    spec = InputSpec(3 if rgb else 1, image_size, 10)
+    image_size = spec.image_size
     with torch.device("meta"):
         model = builder(spec)
         if not isinstance(model, SplitNet):  # a plugin's builder: FedSplit and attacks need it
@@ -87,7 +99,7 @@ def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
     try:
         # Eval mode: batch norm in training mode refuses a batch of one 1x1 map
         # (that is :func:`trains_on_one_example`'s question).
-        _dry_forward(builder, image_size, rgb, train=False)
+        _dry_forward(builder, _image_spec(image_size, rgb), train=False)
     except TypeError as err:
         raise ScenarioError("model.name", model, first_line(err)) from None
     except (RuntimeError, ValueError) as err:
@@ -101,8 +113,14 @@ def trains_on_one_example(scenario: Scenario) -> bool:
     norm over a 1x1 feature map, as ResNet-18's last block at 8 pixels, cannot)."""
     data = scenario.data
     builder = lookup(MODELS, scenario.model.name, "model.name")
+    generator = generated_dataset(data)
+    spec = (
+        _generated_spec(generator, data)
+        if generator
+        else _image_spec(data.image_size, data.channels == "rgb")
+    )
     try:
-        _dry_forward(builder, data.image_size, data.channels == "rgb", train=True)
+        _dry_forward(builder, spec, train=True)
     except ValueError:  # batch norm's "Expected more than 1 value per channel"
         return False
     return True
@@ -159,15 +177,123 @@ def check_components(scenario: Scenario) -> Components:
     lookup(DATASETS, scenario.data.dataset, "data.dataset")
     lookup(INITS, scenario.model.init, "model.init")
     data = scenario.data
-    check_model_fits(
-        scenario.model.name, data.image_size, data.channels == "rgb", "data.image-size"
-    )
+    generator = generated_dataset(data)
+    if generator:
+        check_generated(scenario, generator)
+    else:
+        require(
+            not data.generator.params,
+            "data.generator",
+            data.generator.params,
+            f"dataset {data.dataset!r} is stored, not generated; only generated datasets "
+            f"({', '.join(generated_names())}) take parameters",
+        )
+        check_model_fits(
+            scenario.model.name, data.image_size, data.channels == "rgb", "data.image-size"
+        )
     resolve(PARTITIONERS, scenario.data.partitioner, "data.partitioner")
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
     strategy.cls.check_scenario(scenario)
     check_defences(scenario)
     attacks = check_audit(scenario, strategy.cls.shared_prefixes) if scenario.audit.enabled else ()
     return Components(scenario, strategy, attacks)
+
+
+def generated_names() -> list[str]:
+    """The registered datasets generated per device."""
+    return [n for n in DATASETS.names() if isinstance(DATASETS.get(n), GeneratedDataset)]
+
+
+def _generated_spec(generator: GeneratedDataset, data: DataConfig) -> InputSpec:
+    features, classes = generator.shape(generator.params(data))
+    return InputSpec(features, 1, classes)
+
+
+def check_generated(scenario: Scenario, generator: GeneratedDataset) -> None:
+    """A generated dataset's parameters, and what it cannot be combined with.
+
+    Its examples are feature vectors split by device: no partitioner, no image
+    shaping, no image attacks; the model must take ``(features, 1, 1)`` inputs.
+    """
+    data = scenario.data
+    spec = _generated_spec(generator, data)  # parses data.generator
+    name = data.dataset
+    require(
+        data.partitioner.name == "iid" and not data.partitioner.params,
+        "data.partitioner",
+        data.partitioner.name,
+        f"dataset {name!r} is generated per device, not split by a partitioner; leave it out",
+    )
+    require(
+        not data.normalize,
+        "data.normalize",
+        data.normalize,
+        f"dataset {name!r} is generated feature vectors, used as drawn; set it false",
+    )
+    require(
+        data.channels == "native",
+        "data.channels",
+        data.channels,
+        f"dataset {name!r} holds feature vectors, not images; leave it native",
+    )
+    require(
+        not scenario.audit.enabled,
+        "audit.enabled",
+        True,
+        f"dataset {name!r} holds {spec.channels}-feature vectors, not images: the audit's "
+        "gradient-inversion attacks and image scores need images; set it false",
+    )
+    builder = lookup(MODELS, scenario.model.name, "model.name")
+    try:
+        _dry_forward(builder, spec, train=False)
+    except TypeError as err:
+        raise ScenarioError("model.name", scenario.model.name, first_line(err)) from None
+    except (RuntimeError, ValueError) as err:
+        raise ScenarioError(
+            "model.name",
+            scenario.model.name,
+            f"does not take dataset {name!r}'s {spec.channels}-feature vectors "
+            f"({first_line(err)}); use a model that flattens its input: logreg, mlp-2nn",
+        ) from None
+
+
+def check_generated_clients(scenario: Scenario, generator: GeneratedDataset) -> None:
+    """Every device of a generated dataset has training and test examples; the server's
+    test devices lie in the federation. Draws no example and no device beyond the
+    smallest size the generator guarantees (the population is never generated)."""
+    data, fed = scenario.data, scenario.federation
+    params = generator.params(data)
+    test_devices = generator.test_devices(params)
+    require(
+        test_devices <= fed.num_clients,
+        "data.generator.test-devices",
+        test_devices,
+        f"must be at most federation.num-clients ({fed.num_clients}): the server's test set "
+        "is fresh examples of the federation's first devices",
+    )
+    held = generator.min_size(params)
+    if data.samples_per_client:
+        held = min(held, data.samples_per_client)
+    num_test = local_test_count(data, held)
+    require(
+        held - num_test > 0,
+        "data.test-fraction",
+        data.test_fraction,
+        f"leaves a device of {held} examples no training examples; lower it",
+    )
+    require(
+        num_test > 0 or data.test_fraction == 0,
+        "data.test-fraction",
+        data.test_fraction,
+        f"leaves a device of {held} examples no test examples; raise it or data.samples-per-client",
+    )
+    if not trains_on_one_example(scenario):
+        raise ScenarioError(
+            "model.name",
+            scenario.model.name,
+            "cannot train on a last batch of one example, and a generated dataset's device "
+            "sizes are not all drawn before the run; use a model without batch norm",
+        )
 
 
 def check_gpu_request(num_gpus: float, key: str) -> None:
@@ -303,8 +429,12 @@ def check_machine(scenario: Scenario) -> None:
         check_gpu_request(scenario.audit.num_gpus, "audit.num-gpus")
     check_resources(scenario)
     check_dataset_available(scenario.data)
-    check_data_fits(scenario)
-    check_partition(scenario)
+    generator = generated_dataset(scenario.data)
+    if generator:  # nothing stored to fit in memory, no population-wide partition
+        check_generated_clients(scenario, generator)
+    else:
+        check_data_fits(scenario)
+        check_partition(scenario)
 
 
 def validate(scenario: Scenario) -> Components:
