@@ -40,6 +40,17 @@ from fedsim.outputs.tables import (
 from fedsim.outputs.verdict import victim_verdicts
 
 
+def _split_of(scenario: Scenario) -> str:
+    """How the clients' data arises: the partitioner, or a generated dataset's parameters."""
+    from fedsim.core.data import generated_dataset
+
+    data = scenario.data
+    if generated_dataset(data) is None:
+        return data.partitioner.name
+    given = ", ".join(f"{k} = {v}" for k, v in data.generator.params.items())
+    return f"generated per client{': ' + given if given else ''}"
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4f}"
@@ -164,8 +175,7 @@ def write_summary(
         scenario.description or "",
         "",
         f"- strategy: {scenario.strategy.name}; model: {scenario.model.name} "
-        f"({scenario.model.init}); dataset: {scenario.data.dataset} "
-        f"({scenario.data.partitioner.name})",
+        f"({scenario.model.init}); dataset: {scenario.data.dataset} ({_split_of(scenario)})",
         f"- clients: {scenario.federation.num_clients}, "
         f"{scenario.federation.sampled_per_round} per round; rounds: {len(rows)}",
         accuracy_line(last, best),
