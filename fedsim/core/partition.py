@@ -179,7 +179,7 @@ def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[Cli
         local = stream_rng(SeedStream.LOCAL_SPLIT, seed, client).permutation(indices)
         if cfg.samples_per_client:
             local = local[: cfg.samples_per_client]
-        num_test = round(cfg.test_fraction * len(local))
+        num_test = local_test_count(cfg, len(local))
         splits.append(ClientSplit(train=np.sort(local[num_test:]), test=np.sort(local[:num_test])))
     return tuple(splits)
 
