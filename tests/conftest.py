@@ -46,16 +46,15 @@ def plugin_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     variables that name them for child processes) is undone after the test."""
     import sys
 
-    from fedsim.clients import CLIENT_ROUTINES
-    from fedsim.commands.list import _registries
     from fedsim.core import plugins
+    from fedsim.scenario.validate import PLUGGABLE
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delenv(plugins.PLUGINS_ENV, raising=False)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     plugins.refresh_entry_points()
     # What the test's plugins registered goes too: later tests see fedsim's own.
-    registries = [*_registries().values(), CLIENT_ROUTINES]
+    registries = list(PLUGGABLE)
     for registry in registries:
         registry.names()  # fedsim's own modules register now, before the snapshot
     saved = [

@@ -30,6 +30,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import numpy as np
 
+from fedsim.core.errors import first_line
+
 PREFIX = "flwr:"
 
 GIVEN_BY_FEDSIM = {"num_partitions": "federation.num-clients", "seed": "federation.seed"}
@@ -228,6 +230,5 @@ def split(
         with contextlib.redirect_stderr(io.StringIO()):  # Flower's tqdm progress bars
             parts = [partitioner.load_partition(i)[INDEX] for i in range(num_clients)]
     except (ValueError, TypeError, KeyError) as err:
-        text = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"Flower Datasets' {cls_name}: {text}") from None
+        raise ValueError(f"Flower Datasets' {cls_name}: {first_line(err)}") from None
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
