@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
+import ray
 import torch
+from inprocess import InProcessGrid
+from rich.console import Console
 
 from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.analytic import AnalyticFC, AnalyticFCParams, read_linear_input
 from fedsim.attacks.base import Observation
 from fedsim.audit.experiment import gradient_probe
 from fedsim.audit.fidelity import MATCHED, fidelity_residual
+from fedsim.clients.app import build_client_app
 from fedsim.core.config import (
     ClientConfig,
     DataConfig,
@@ -26,7 +32,12 @@ from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import train_local
 from fedsim.core.truth import GroundTruth
+from fedsim.outputs.results import RunRecorder
+from fedsim.outputs.run_folder import AUDIT_FILE, AUDIT_IMAGES, VERDICT_FILE, new_run_dir
 from fedsim.scenario.validate import check_components
+from fedsim.simulation.flower import message_context
+from fedsim.simulation.runner import serve
+from fedsim.strategies import STRATEGIES
 
 MNIST28 = load_dataset(DataConfig(image_size=28, normalize=True))
 MNIST32 = load_dataset(DataConfig(image_size=32, normalize=True))
@@ -315,3 +326,41 @@ def test_rgap_reconstructs_a_lenet_zhu_digit_in_closed_form() -> None:
     assert [c["rank"] for c in rec.details["rank_condition"]] == [1024, 3072, 768]
     assert rec.details["rank_deficient"] == [] and rec.converged
     assert rec.details["gradient_residual"] < 1e-3
+
+
+def test_closed_form_attacks_audit_every_client_in_the_driver_without_ray(
+    tmp_path: Path,
+) -> None:
+    """``victims = 0`` with analytic-fc on a FedSGD mlp-2nn federation: every client of
+    every round is read exactly, by the driver's own thread (no Ray is started here,
+    so an attack task could not have run), through the one scoring path."""
+    table = {
+        "name": "closed-form-in-driver",
+        "federation": {"num-clients": 3, "rounds": 2, "seed": 0},
+        "data": {"dataset": "mnist-embedded", "image-size": 28, "samples-per-client": 20},
+        "model": {"name": "mlp-2nn"},
+        "strategy": {"name": "fedavg"},
+        "client": {"local-steps": 1, "batch-size": 1, "optimizer": "sgd", "lr": 0.05},
+        "audit": {"enabled": True, "attacks": [{"name": "analytic-fc"}], "victims": 0},
+    }
+    scenario = scenario_from_dict(table)
+    run_dir = new_run_dir(scenario, tmp_path / "run")
+    grid = InProcessGrid(
+        build_client_app(scenario, STRATEGIES.get("fedavg").client_routine, None), 3
+    )
+    recorder = RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
+
+    with message_context():
+        serve(grid, check_components(scenario), recorder, Console(quiet=True))  # type: ignore[arg-type]
+
+    assert not ray.is_initialized()
+    audit = pd.read_csv(run_dir / AUDIT_FILE)
+    assert sorted(zip(audit["round"], audit["client"], strict=True)) == [
+        (r, c) for r in (1, 2) for c in (0, 1, 2)
+    ]
+    assert (audit["psnr"] > 60).all() and (audit["label-acc"] == 1.0).all()
+    assert audit["converged"].all() and (audit["device"] == "cpu").all()
+    assert (audit["attacker-residual"] < MATCHED).all()
+    assert len(list((run_dir / AUDIT_IMAGES).glob("round-*-analytic-fc.png"))) == 6
+    verdicts = pd.read_csv(run_dir / VERDICT_FILE)
+    assert len(verdicts) == 6

@@ -17,6 +17,12 @@ round in one call ran 3.9x the objective evaluations per second of one victim
 at a time (``bench/dlg_throughput.py``, 10 L-BFGS steps, LeNet-Zhu), so
 ``audit.workers`` processes each take a batch.
 
+Closed-form attacks (:class:`~fedsim.attacks.analytic.AnalyticAttack`: analytic-fc,
+SPEAR, R-GAP) run in the driver instead, on one thread of its own beside the
+server: they take milliseconds, less than a Ray task's round trip, and a worker
+process would first have to import torch and fedsim (seconds). They receive the
+same observations and go through the same scoring; their records say ``cpu``.
+
 ``sync`` mode waits for a round's attacks at the end of that round (their
 mean PSNR/SSIM join that round's metrics), printing a line every
 :data:`PROGRESS_EVERY_S` seconds while it waits; ``async`` mode lets training
@@ -28,7 +34,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,10 +47,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from rich.console import Console
 from torchvision.utils import save_image
 
+from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.audit.observe import ServerView, observe_reply, reveal_batch_statistics
 from fedsim.audit.scoring import score_attack
-from fedsim.audit.tasks import DeviceUse, audit_reservation, remote_attack, start_board
+from fedsim.audit.tasks import (
+    DeviceUse,
+    audit_reservation,
+    remote_attack,
+    run_attack,
+    start_board,
+)
 from fedsim.core import protocol
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
@@ -123,7 +138,9 @@ class Auditor:
         self.run_dir = run_dir
         self.console = console
         self.rows: list[dict[str, Any]] = []
-        self._pending: dict[Any, _Job] = {}
+        # Ray object refs (attack tasks) or futures (closed-form attacks in the driver).
+        self._pending: dict[Hashable, _Job] = {}
+        self._in_driver: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._collector: threading.Thread | None = None
         self._closing = threading.Event()
@@ -208,6 +225,14 @@ class Auditor:
 
     def _submit(self, job: _Job) -> None:
         seed = self._seed(job.round)
+        observations = [v.observation for v in job.victims]
+        job.submitted = time.perf_counter()
+        if issubclass(job.attack.cls, AnalyticAttack):
+            if self._in_driver is None:
+                self._in_driver = ThreadPoolExecutor(1, thread_name_prefix="fedsim-closed-form")
+            args = (job.attack, observations, seed, False, None, self.cfg.precision)
+            self._add_pending(self._in_driver.submit(run_attack, *args), job)
+            return
         options: dict[str, Any] = {
             "num_cpus": self.cfg.threads_per_attack,
             "num_gpus": self.cfg.num_gpus,
@@ -218,22 +243,24 @@ class Auditor:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
-        job.submitted = time.perf_counter()
         if self._board is None:
             self._board = start_board()
         key = f"audit round {job.round}: {self._label(job.attack)} on {job.clients}"
         self._progress_lines[key] = AttackProgressLines(self.console, key)
         ref = remote_attack.options(**options).remote(
             job.attack,
-            [v.observation for v in job.victims],
+            observations,
             seed,
             self.cfg.num_gpus > 0,
             self.cfg.threads_per_attack,
             self.cfg.precision,
             (self._board, key),
         )
+        self._add_pending(ref, job)
+
+    def _add_pending(self, key: Hashable, job: _Job) -> None:
         with self._lock:
-            self._pending[ref] = job
+            self._pending[key] = job
         if self.cfg.mode == "async":
             self._ensure_collector()
 
@@ -261,24 +288,28 @@ class Auditor:
         may both collect: a task is recorded by whichever takes it first."""
         self._show_progress()
         with self._lock:
-            refs = [
-                ref
-                for ref, job in self._pending.items()
+            keys = [
+                key
+                for key, job in self._pending.items()
                 if only_round is None or job.round == only_round
             ]
-        if not refs:
+        if not keys:
             time.sleep(0.05 if timeout else 0)
             return
-        done, _ = ray.wait(refs, num_returns=len(refs) if every else 1, timeout=timeout)
-        for ref in done:
+        recorded = False
+        for key in _finished(keys, timeout, every):
             with self._lock:
-                job = self._pending.pop(ref, None)
+                job = self._pending.pop(key, None)
             if job is None:
                 continue
-            recs, use = ray.get(ref)
+            recs, use = key.result() if isinstance(key, Future) else ray.get(key)  # type: ignore[call-overload]
             share = DeviceUse(use.device, use.gpu_seconds / len(recs), use.peak_gpu_mb)
             for victim, rec in zip(job.victims, recs, strict=True):
                 self._record(job, victim, rec, share)
+                recorded = True
+        if recorded:  # once per batch of records: the verdicts are recomputed over every row
+            with self._lock:
+                self._write_rows()
 
     def _wait(self, server_round: int | None) -> None:
         """Collect ``server_round``'s attacks (``None``: all), printing what still runs
@@ -329,7 +360,6 @@ class Auditor:
             save_image(rec.images.detach().cpu().clamp(0, 1), image, nrow=len(rec.images))
         with self._lock:
             self.rows.append(record.to_row())
-            self._write_rows()
         scored = (
             f"PSNR {record.psnr:.2f} dB, SSIM {record.ssim:.3f}, labels {record.label_acc:.0%}"
             if score
@@ -388,3 +418,22 @@ class Auditor:
         self._wait(None)
         if self._collector is not None:
             self._collector.join()
+        if self._in_driver is not None:
+            self._in_driver.shutdown()
+
+
+def _finished(keys: Sequence[Hashable], timeout: float, every: bool) -> list[Hashable]:
+    """Which of ``keys`` (Ray refs and futures) finished within ``timeout``: the first
+    one, or with ``every`` all that did. Futures in the driver finish in
+    milliseconds; when Ray tasks are pending too, the wait is Ray's."""
+    futures = [k for k in keys if isinstance(k, Future)]
+    refs = [k for k in keys if not isinstance(k, Future)]
+    done: list[Hashable] = [f for f in futures if f.done()]
+    if refs:
+        wait_s = 0.0 if done and not every else timeout
+        ready, _ = ray.wait(refs, num_returns=len(refs) if every else 1, timeout=wait_s)
+        return done + list(ready)
+    if done and not every:
+        return done
+    until = ALL_COMPLETED if every else FIRST_COMPLETED
+    return list(wait_futures(futures, timeout=timeout, return_when=until).done)

@@ -56,11 +56,16 @@ def attacker_residual(
 ) -> float:
     """The residual of the attack's own reconstruction: computable without the truth.
 
-    Through the attack's model of the client where it has one, else (GRNN,
-    closed-form attacks) through DLG's plain one-gradient model. Across
-    attacks on one victim, the lowest is the reconstruction the attacker
-    itself would pick.
+    Through the attack's model of the client where it has one, else (GRNN)
+    through DLG's plain one-gradient model. Across attacks on one victim, the
+    lowest is the reconstruction the attacker itself would pick. Closed-form
+    attacks computed it themselves (``details["gradient_residual"]``, the one
+    gradient step of :func:`~fedsim.attacks.analytic.one_step_residual` with the
+    same seed): it is not computed twice.
     """
+    own = rec.details.get("gradient_residual")
+    if issubclass(attack.cls, AnalyticAttack) and own is not None:
+        return float(own)
     like_dlg = issubclass(attack.cls, GradientMatchingAttack)
     model: GradientMatchingAttack = attack.create() if like_dlg else DLG(DLGParams())
     return model.fidelity_residual(observation, rec.images.float(), rec.labels.long(), seed)

@@ -67,18 +67,21 @@ def run_attack(
     observations: Sequence[Observation],
     seed: int,
     want_gpu: bool,
-    threads: int,
+    threads: int | None,
     precision: Precision = "float32",
     progress: tuple[Any, str] | None = None,
 ) -> tuple[list[Reconstruction], DeviceUse]:
-    """Run one attack on ``observations`` in one batched call (the body of a Ray task).
+    """Run one attack on ``observations`` in one batched call (the body of a Ray task,
+    or of the driver's thread for closed-form attacks).
 
     CUDA when asked for and present (a logical GPU on a machine without CUDA
     runs on CPU), at full precision (:func:`~fedsim.attacks.precision.attack_precision`).
-    ``progress``: a :class:`~fedsim.outputs.progress.ProgressBoard` actor and this
-    task's key; the attack posts its progress there.
+    ``threads``: torch's threads in this process (``None``: left as they are, as in
+    the driver, whose thread count is not the attack's to set). ``progress``: a
+    :class:`ProgressBoard` actor and this task's key; the attack posts its progress there.
     """
-    torch.set_num_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     device = gpu_if(want_gpu)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
