@@ -75,7 +75,7 @@ from fedsim.outputs.run_folder import (
     write_csv_atomic,
 )
 from fedsim.outputs.tables import DEFAULT_SUCCESS_PSNR
-from fedsim.outputs.verdict import round_verdict, verdict_line, victim_verdicts
+from fedsim.outputs.verdict import round_verdict, verdict_line, victim_verdict
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 PROGRESS_EVERY_S = 30.0  # a line while the round waits for its attacks: never silent
@@ -138,6 +138,10 @@ class Auditor:
         self.run_dir = run_dir
         self.console = console
         self.rows: list[dict[str, Any]] = []
+        # verdict.csv's rows by (round, client), recomputed only for victims with new rows:
+        # recomputing every victim after each record grew with the square of the run.
+        self._verdicts: dict[tuple[int, int], dict[str, Any]] = {}
+        self._stale: set[tuple[int, int]] = set()
         # Ray object refs (attack tasks) or futures (closed-form attacks in the driver).
         self._pending: dict[Hashable, _Job] = {}
         self._in_driver: ThreadPoolExecutor | None = None
@@ -360,6 +364,7 @@ class Auditor:
             save_image(rec.images.detach().cpu().clamp(0, 1), image, nrow=len(rec.images))
         with self._lock:
             self.rows.append(record.to_row())
+            self._stale.add((job.round, victim.client))
         scored = (
             f"PSNR {record.psnr:.2f} dB, SSIM {record.ssim:.3f}, labels {record.label_acc:.0%}"
             if score
@@ -376,11 +381,12 @@ class Auditor:
         """Sync mode: finish this round's attacks; add the round's verdict to its metrics."""
         if self.cfg.mode == "sync":
             self._wait(record.round)
-            col = AuditRecord.column
             with self._lock:
-                rows = [r for r in self.rows if r[col("round")] == record.round]
+                if self._stale:
+                    self._write_rows()
+                rows = [v for (r, _), v in sorted(self._verdicts.items()) if r == record.round]
             if rows:
-                verdicts = victim_verdicts(pd.DataFrame(rows))
+                verdicts = pd.DataFrame(rows)
                 verdict = round_verdict(verdicts, record.round, self.cfg.seed, DEFAULT_SUCCESS_PSNR)
                 record.server.update(verdict)
                 self.console.print(verdict_line(record.round, verdict, verdicts), markup=False)
@@ -398,18 +404,22 @@ class Auditor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self._lock:
             self.rows = [dict(r) for r in state.get("rows", [])]
+            self._verdicts, self._stale = {}, {_victim_key(r) for r in self.rows}
             if self.rows:
                 self._write_rows()
 
     def _write_rows(self) -> None:
-        """``audit.csv`` and the verdicts derived from it (``verdict.csv``)."""
+        """``audit.csv`` and the verdicts derived from it (``verdict.csv``); the caller
+        holds the lock."""
         order = [AuditRecord.column(c) for c in ("round", "client", "attack")]
         rows = sorted(self.rows, key=lambda r: tuple(r[c] for c in order))
         write_csv_atomic(rows, self.run_dir / AUDIT_FILE)
-        verdicts = victim_verdicts(pd.DataFrame(rows))
+        for key in self._stale:
+            group = pd.DataFrame([r for r in rows if _victim_key(r) == key])
+            self._verdicts[key] = victim_verdict(group).to_row()
+        self._stale.clear()
         write_csv_atomic(
-            [{str(k): v for k, v in r.items()} for r in verdicts.to_dict("records")],
-            self.run_dir / VERDICT_FILE,
+            [self._verdicts[key] for key in sorted(self._verdicts)], self.run_dir / VERDICT_FILE
         )
 
     def finish(self) -> None:
@@ -420,6 +430,11 @@ class Auditor:
             self._collector.join()
         if self._in_driver is not None:
             self._in_driver.shutdown()
+
+
+def _victim_key(row: dict[str, Any]) -> tuple[int, int]:
+    """An ``audit.csv`` row's (round, client)."""
+    return int(row[AuditRecord.column("round")]), int(row[AuditRecord.column("client")])
 
 
 def _finished(keys: Sequence[Hashable], timeout: float, every: bool) -> list[Hashable]:
