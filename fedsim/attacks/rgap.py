@@ -37,7 +37,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import jacrev
 
 from fedsim.attacks.analytic import (
     AnalyticAttack,
@@ -58,8 +57,9 @@ Weighted = nn.Conv2d | nn.Linear
 
 MAX_UNKNOWNS = 4096
 """Most values in one layer's input: each layer is a dense least-squares solve (QR), whose
-time grows with the cube of this (LeNet-Zhu's largest, 3,072: about 5 s on one thread;
-LeNet-SAPAG's 12,288 would take tens of minutes)."""
+time grows with the cube of this (LeNet-Zhu's largest, 3,072: most of the seconds an image
+takes on one thread; LeNet-SAPAG's 12,288 would take tens of minutes). The systems
+themselves are assembled from the convolutions' index pattern in milliseconds."""
 
 
 @dataclass(frozen=True)
@@ -224,20 +224,10 @@ class RGAP(AnalyticAttack):
 
         Returns the input and the rank condition: ``rank``, ``unknowns``, ``equations``.
         """
-        zero = torch.zeros(shape, dtype=torch.float64)
-
-        def forward(v: torch.Tensor) -> torch.Tensor:
-            return linear_part(module, weight, v).flatten()
-
-        def weight_gradient(v: torch.Tensor) -> torch.Tensor:
-            # dL/dW = d/dW <delta, W x>: linear in x.
-            return torch.func.grad(lambda w: (delta * linear_part(module, w, v)).sum())(
-                weight
-            ).flatten()
-
+        unknowns = math.prod(shape)
         blocks = [
-            (jacrev(forward)(zero).reshape(-1, zero.numel()), pre_activation.flatten()),
-            (jacrev(weight_gradient)(zero).reshape(-1, zero.numel()), weight_grad.flatten()),
+            (forward_matrix(module, weight, shape), pre_activation.flatten()),
+            (weight_gradient_matrix(module, weight, delta, shape), weight_grad.flatten()),
         ]
         system = torch.cat([m / m.norm() for m, _ in blocks])
         target = torch.cat([t / m.norm() for m, t in blocks])[:, None]
@@ -249,8 +239,101 @@ class RGAP(AnalyticAttack):
         rank = int((diagonal > self.params.rank_tolerance * diagonal.max()).sum())
         solution = semi_normal_solve(system, upper, target)
         solution = solution + semi_normal_solve(system, upper, target - system @ solution)
-        condition = {"rank": rank, "unknowns": zero.numel(), "equations": len(system)}
+        condition = {"rank": rank, "unknowns": unknowns, "equations": len(system)}
         return solution.reshape(shape), condition
+
+
+def forward_matrix(module: Weighted, weight: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The matrix of ``x -> W x`` (``module``'s map without its bias) on inputs of ``shape``."""
+    if isinstance(module, nn.Linear):
+        return weight
+    pairs = conv_pairs(module, shape)
+    if pairs is None:
+        return _basis_images(lambda v: linear_part(module, weight, v), shape, weight.dtype)
+    out_channels, in_channels = weight.shape[:2]
+    o, c, e = pairs.each(out_channels, in_channels)
+    matrix = torch.zeros(out_channels * pairs.positions, math.prod(shape), dtype=weight.dtype)
+    values = weight.reshape(out_channels, in_channels, -1)[o, c, pairs.offset[e]]
+    matrix.index_put_((o * pairs.positions + pairs.position[e], pairs.column(c, e)), values)
+    return matrix
+
+
+def weight_gradient_matrix(
+    module: Weighted, weight: torch.Tensor, delta: torch.Tensor, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """The matrix of ``x -> dL/dW``: the weight gradient of one example ``x`` whose output
+    gradient is ``delta`` (linear in ``x``): ``delta (x) x`` for a linear layer, the
+    correlation of ``delta`` with ``x``'s patches for a convolution."""
+    if isinstance(module, nn.Linear):
+        size = math.prod(shape)
+        identity = torch.eye(size, dtype=delta.dtype)
+        return (delta.flatten()[:, None, None] * identity).reshape(-1, size)
+    pairs = conv_pairs(module, shape)
+    if pairs is None:
+        return _basis_images(
+            lambda v: torch.func.grad(lambda w: (delta * linear_part(module, w, v)).sum())(weight),
+            shape,
+            delta.dtype,
+        )
+    out_channels, in_channels = weight.shape[:2]
+    o, c, e = pairs.each(out_channels, in_channels)
+    kernel = weight[0, 0].numel()
+    matrix = torch.zeros(weight.numel(), math.prod(shape), dtype=delta.dtype)
+    rows = (o * in_channels + c) * kernel + pairs.offset[e]
+    values = delta.reshape(out_channels, -1)[o, pairs.position[e]]
+    matrix.index_put_((rows, pairs.column(c, e)), values)
+    return matrix
+
+
+@dataclass(frozen=True)
+class ConvPairs:
+    """For one example through a convolution: which input pixel each (kernel offset,
+    output position) reads, over the pairs that read the image, not its padding."""
+
+    offset: torch.Tensor  # kernel offset (kh, kw flattened) of each pair
+    position: torch.Tensor  # output position (flattened) of each pair
+    pixel: torch.Tensor  # input pixel (flattened within a channel) each pair reads
+    positions: int  # output positions
+    pixels: int  # pixels of one input channel
+
+    def each(
+        self, out_channels: int, in_channels: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every (output channel, input channel, pair) as three index tensors."""
+        o, c, e = torch.meshgrid(
+            torch.arange(out_channels),
+            torch.arange(in_channels),
+            torch.arange(len(self.offset)),
+            indexing="ij",
+        )
+        return o.flatten(), c.flatten(), e.flatten()
+
+    def column(self, channel: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+        """The input value (channel, pixel) that ``pair`` reads in ``channel``."""
+        return channel * self.pixels + self.pixel[pair]
+
+
+def conv_pairs(module: nn.Conv2d, shape: tuple[int, ...]) -> ConvPairs | None:
+    """:class:`ConvPairs` of a plain convolution (zero padding given as numbers, one
+    group); ``None`` for any other, whose matrices come from the basis images."""
+    plain = module.groups == 1 and module.padding_mode == "zeros"
+    if not plain or isinstance(module.padding, str):
+        return None
+    _, height, width = shape
+    # Each pixel's number (from 1) through unfold: what every pair reads; 0 is padding.
+    numbers = torch.arange(1, height * width + 1, dtype=torch.float64).reshape(1, 1, height, width)
+    read = F.unfold(numbers, module.kernel_size, module.dilation, module.padding, module.stride)
+    read = read[0].round().long() - 1
+    offset, position = (read >= 0).nonzero(as_tuple=True)
+    return ConvPairs(offset, position, read[offset, position], read.shape[1], height * width)
+
+
+def _basis_images(
+    linear_map: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """The matrix of a linear map on inputs of ``shape``: its images of the unit basis."""
+    basis = torch.eye(math.prod(shape), dtype=dtype).reshape(-1, *shape)
+    return torch.vmap(lambda v: linear_map(v).flatten())(basis).T
 
 
 def input_shapes(
