@@ -13,7 +13,7 @@ import torch
 from inprocess import InProcessGrid
 from rich.console import Console
 
-from fedsim.attacks import ATTACKS, resolve_attack
+from fedsim.attacks import ATTACKS, resolve_attack, rgap
 from fedsim.attacks.analytic import AnalyticFC, AnalyticFCParams, read_linear_input
 from fedsim.attacks.base import Observation
 from fedsim.audit.experiment import gradient_probe
@@ -364,3 +364,38 @@ def test_closed_form_attacks_audit_every_client_in_the_driver_without_ray(
     assert len(list((run_dir / AUDIT_IMAGES).glob("round-*-analytic-fc.png"))) == 6
     verdicts = pd.read_csv(run_dir / VERDICT_FILE)
     assert len(verdicts) == 6
+
+
+@pytest.mark.parametrize(
+    ("layer", "shape"),
+    [
+        (torch.nn.Conv2d(3, 12, 5, stride=2, padding=2), (3, 16, 16)),  # lenet-zhu's kind
+        (torch.nn.Conv2d(2, 4, 3, stride=2, dilation=2), (2, 11, 9)),  # no padding, dilated
+        (torch.nn.Conv2d(4, 4, 3, padding=1, groups=2), (4, 6, 6)),  # grouped: basis images
+        (torch.nn.Linear(20, 7), (20,)),
+    ],
+)
+def test_rgap_systems_are_the_maps_jacobians(
+    layer: torch.nn.Module, shape: tuple[int, ...]
+) -> None:
+    """R-GAP's per-layer matrices (built from the index pattern) equal the reverse-mode
+    Jacobians of the forward map and of the weight gradient, which they replace."""
+    torch.manual_seed(0)
+    weight = layer.weight.detach().double()
+    zero = torch.zeros(shape, dtype=torch.float64)
+    delta = torch.randn(rgap.linear_part(layer, weight, zero).shape, dtype=torch.float64)
+
+    def forward(v: torch.Tensor) -> torch.Tensor:
+        return rgap.linear_part(layer, weight, v).flatten()
+
+    def weight_gradient(v: torch.Tensor) -> torch.Tensor:
+        loss = lambda w: (delta * rgap.linear_part(layer, w, v)).sum()  # noqa: E731
+        return torch.func.grad(loss)(weight).flatten()
+
+    expected_forward = torch.func.jacrev(forward)(zero).reshape(-1, zero.numel())
+    expected_gradient = torch.func.jacrev(weight_gradient)(zero).reshape(-1, zero.numel())
+
+    assert torch.allclose(rgap.forward_matrix(layer, weight, shape), expected_forward)
+    assert torch.allclose(
+        rgap.weight_gradient_matrix(layer, weight, delta, shape), expected_gradient
+    )
