@@ -226,7 +226,7 @@ TOOLS = {"flwr": "run", "ray": "start", "flower-superlink": None, "flower-supern
 
 
 def _check_tool(argv: list[str]) -> None:
-    program, rest = argv[0], argv[1:]
+    program, rest = Path(argv[0]).name, argv[1:]
     sub: tuple[str, ...] = ()
     if TOOLS[program] is not None:
         assert rest and rest[0] == TOOLS[program], f"only `{program} {TOOLS[program]}`: {argv}"
