@@ -301,11 +301,15 @@ def _wait_for_nodes(address: str, count: int, started: list[subprocess.Popen[byt
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_cluster() -> Iterator[str]:
-    """A Ray cluster of this module's own on 127.0.0.1 (own temp dir): a head of 3 CPUs
+    """A Ray cluster of this test's own on 127.0.0.1 (own temp dir): a head of 3 CPUs
     and 1 GPU, and a worker node of 1 CPU that joins it as a user's second machine
-    would (``ray start --address``); both stopped by their PIDs."""
+    would (``ray start --address``); both stopped by their PIDs.
+
+    One per test: the cluster's processes are the test process's descendants, and a
+    run kills its driver's descendants when it ends (:mod:`fedsim.simulation.lifecycle`).
+    """
     port = _free_port()
     address = f"127.0.0.1:{port}"
     temp_dir = tempfile.mkdtemp(prefix="ray-t13-", dir="/tmp")  # short: Ray's socket paths
