@@ -1,16 +1,21 @@
-"""Time per round and peak memory at 10, 100 and 1,000 simulated clients.
+"""Time per round and peak memory at 1,000, 10,000 and 100,000 simulated clients.
 
-Runs ``scenarios/scale-1000.toml`` (10 clients sampled per round) with
-``federation.num-clients`` set to each size, one child process per size, and
-samples the resident memory of the child's whole process tree (the server,
-Ray's GCS and raylet, the client actors) every 0.1 s from ``/proc``. The
-server's CPU seconds per round (all its threads: the round loop and Flower's
-simulation engine) show what the clients that exist cost when they are not
-sampled. Prints a table and writes ``bench/results/scale.json``::
+Runs ``scenarios/scale-100k.toml`` (generated data, 100 clients sampled and 100
+evaluated per round) with ``federation.num-clients`` set to each size, one child
+process per size, and samples the resident memory of the child's whole process
+tree (the server, Ray's GCS and raylet, the client actors) every 0.1 s from
+``/proc``. The server's CPU seconds per round (all its threads: the round loop
+and Flower's simulation engine) show what the clients that exist cost when they
+are not sampled; "register" is Flower's registration of the simulated nodes
+(one per client, before any round), "discover" fedsim's wait for them plus the
+actors' warm-up. Prints a table with the ratios to the smallest size and
+writes ``bench/results/<scenario>.json``::
 
-    .venv/bin/python bench/scale.py [--clients 10 100 1000] [--rounds 5]
+    .venv/bin/python bench/scale.py [--clients 1000 10000 100000] [--rounds 6]
 
 Round 1 is reported apart: it includes the first training in each actor.
+``--scenario scenarios/scale-1000.toml --clients 10 100 1000`` measures the
+stored-data scenario as before.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "scenarios" / "scale-1000.toml"
+SCENARIO = ROOT / "scenarios" / "scale-100k.toml"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -58,11 +63,12 @@ def tree_rss(root: int) -> int:
     return total
 
 
-def measure(num_clients: int, rounds: int) -> dict[str, float]:
+def measure(scenario: Path, num_clients: int, rounds: int) -> dict[str, float]:
     """Run one size in a child process; its timings plus the tree's peak memory."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        args = [sys.executable, __file__, "--child", str(num_clients), str(rounds), str(report)]
+        args = [sys.executable, __file__, "--scenario", str(scenario)]
+        args += ["--child", str(num_clients), str(rounds), str(report)]
         child = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL)
         peak = 0
         stop = threading.Event()
@@ -95,9 +101,24 @@ class _CpuPerRound:
         self.ends.append(time.process_time())
 
 
-def child(num_clients: int, rounds: int, report: Path) -> None:
-    """One run, timing the partition discovery; writes ``report``."""
+def _timed(module: Any, name: str, timings: dict[str, float], key: str) -> None:
+    """Replace ``module.name`` by itself adding its wall seconds to ``timings[key]``."""
+    original = getattr(module, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            timings[key] = timings.get(key, 0.0) + time.perf_counter() - started
+
+    setattr(module, name, timed)
+
+
+def child(scenario_path: Path, num_clients: int, rounds: int, report: Path) -> None:
+    """One run, timing Flower's node registration and the discovery; writes ``report``."""
     import pandas as pd
+    from flwr.server.superlink.fleet.vce import vce_api
     from rich.console import Console
 
     import fedsim.simulation.runner as runner
@@ -105,17 +126,12 @@ def child(num_clients: int, rounds: int, report: Path) -> None:
     from fedsim.simulation.runner import run_scenario
 
     timings: dict[str, float] = {}
-    discover = runner.discover_partitions
-
-    def timed_discover(*args: Any, **kwargs: Any) -> dict[int, int]:
-        started = time.perf_counter()
-        mapping = discover(*args, **kwargs)
-        timings["discovery_s"] = time.perf_counter() - started
-        return mapping
-
-    runner.discover_partitions = timed_discover  # type: ignore[assignment]
+    _timed(runner, "discover_partitions", timings, "discovery_s")
+    # Flower's simulation: a node in its link state, and a context, per client.
+    _timed(vce_api, "_register_nodes", timings, "register_s")
+    _timed(vce_api, "_register_node_info_stores", timings, "register_s")
     overrides = [f"federation.num-clients={num_clients}", f"federation.rounds={rounds}"]
-    scenario = load_scenario(SCENARIO, overrides)
+    scenario = load_scenario(scenario_path, overrides)
     cpu = _CpuPerRound()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
@@ -131,27 +147,37 @@ def child(num_clients: int, rounds: int, report: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--scenario", type=Path, default=SCENARIO)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(int(args.child[0]), int(args.child[1]), Path(args.child[2]))
+        child(args.scenario, int(args.child[0]), int(args.child[1]), Path(args.child[2]))
         return
-    rows = {n: measure(n, args.rounds) for n in args.clients}
+    print(f"{args.scenario.name}, {args.rounds} rounds; load average {os.getloadavg()}")
+    rows = {n: measure(args.scenario, n, args.rounds) for n in args.clients}
     print(
-        f"{'clients':>8} {'s/round':>8} {'cpu s/round':>12} {'round 1':>8} {'discover':>9} "
-        f"{'wall s':>7} {'peak MiB (all)':>15} {'server MiB':>11}"
+        f"{'clients':>8} {'s/round':>8} {'cpu s/round':>12} {'round 1':>8} {'register':>9} "
+        f"{'discover':>9} {'wall s':>7} {'peak MiB (all)':>15} {'server MiB':>11}"
     )
     for n, r in rows.items():
         print(
             f"{n:>8} {r['round_s']:>8.2f} {r['server_cpu_s']:>12.2f} {r['round1_s']:>8.2f} "
-            f"{r['discovery_s']:>9.2f} "
+            f"{r['register_s']:>9.2f} {r['discovery_s']:>9.2f} "
             f"{r['wall_s']:>7.1f} {r['peak_tree_mib']:>15.0f} {r['server_peak_mib']:>11.0f}"
         )
+    smallest = rows[min(rows)]
+    for n, r in rows.items():
+        if n != min(rows):
+            print(
+                f"{n} / {min(rows)} clients: s/round x{r['round_s'] / smallest['round_s']:.2f}, "
+                f"peak memory x{r['peak_tree_mib'] / smallest['peak_tree_mib']:.2f}"
+            )
+    print(f"load average after: {os.getloadavg()}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "scale.json").write_text(json.dumps(rows, indent=2))
+    (out / f"{args.scenario.stem}.json").write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
         build_client_app(scenario, strategy_cls.client_routine, state_dir), fed.num_clients
     )
     nodes = discover_partitions(grid)  # type: ignore[arg-type]
-    sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
+    sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluated_per_round)
     server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
     strategy = build_strategy(check_components(scenario), sampler, server)
     run = InProcessRun(strategy, grid, strategy.initial_arrays())

@@ -34,6 +34,18 @@ def _with(table: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("data.partitioner", '{name = "dirichlet", alpha = 0.0}', "data.partitioner.alpha", "> 0"),
         ("data.partitioner", '{name = "dirichlet", alpha = -1.0}', "data.partitioner.alpha", "> 0"),
         ("federation.clients-per-round", "4", "federation.clients-per-round", "between 1"),
+        (
+            "federation.evaluate-clients-per-round",
+            "4",
+            "federation.evaluate-clients-per-round",
+            "between 0",
+        ),
+        (
+            "federation",
+            "{num-clients = 3, evaluate-fraction = 0.5, evaluate-clients-per-round = 1}",
+            "federation.evaluate-clients-per-round",
+            "not both",
+        ),
         ("federation.num-clients", '"three"', "federation.num-clients", "an integer"),
         ("federation.rounds", "1.5", "federation.rounds", "an integer"),
         ("client.lr", "-0.1", "client.lr", "> 0"),

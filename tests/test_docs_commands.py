@@ -9,8 +9,8 @@ Nothing here runs a simulation. Each shell block of ``README.md``, ``docs/*.md``
 - ``python bench/X.py ...`` / ``python examples/X.py``: the script exists and declares every
   flag given to it; ``bash bench/X.sh ...``: the script exists and its argument loop takes every
   flag; ``make X``: the Makefile has target X;
-- ``flwr run``, ``flower-superlink``, ``flower-supernode``: every flag is in that command's
-  ``--help`` (skipped where Flower's commands are not installed beside this interpreter);
+- ``flwr run``, ``flower-superlink``, ``flower-supernode``, ``ray start``: every flag is in
+  that command's ``--help`` (skipped where the command is not installed beside this interpreter);
 - ``pip install -e PATH``: the folder of this repository exists.
 
 Every TOML block loads as a scenario (or, for a sweep spec, parses), inline ``fedsim ...``
@@ -220,12 +220,17 @@ def _help(program: str, *sub: str) -> str:
     return done.stdout + done.stderr
 
 
-def _check_flower(argv: list[str]) -> None:
-    program, rest = argv[0], argv[1:]
+# Installed tools whose flags are checked against their ``--help``, and the one
+# subcommand of each that the docs may show (None: the program takes flags only).
+TOOLS = {"flwr": "run", "ray": "start", "flower-superlink": None, "flower-supernode": None}
+
+
+def _check_tool(argv: list[str]) -> None:
+    program, rest = Path(argv[0]).name, argv[1:]
     sub: tuple[str, ...] = ()
-    if program == "flwr":
-        assert rest and rest[0] == "run", f"only `flwr run` is checked: {argv}"
-        sub, rest = ("run",), rest[1:]
+    if TOOLS[program] is not None:
+        assert rest and rest[0] == TOOLS[program], f"only `{program} {TOOLS[program]}`: {argv}"
+        sub, rest = (rest[0],), rest[1:]
     text = _help(program, *sub)
     missing = {f for f in _given_flags(rest) if not re.search(re.escape(f) + r"\b", text)}
     assert not missing, f"{' '.join([program, *sub])} --help lists no {sorted(missing)}"
@@ -243,8 +248,8 @@ def test_every_shell_command_in_the_docs_is_real(page: str, command: list[str]) 
     elif program == "make":
         missing = set(command[1:]) - _make_targets()
         assert not missing, f"the Makefile has no target {sorted(missing)}"
-    elif program in ("flwr", "flower-superlink", "flower-supernode"):
-        _check_flower(command)
+    elif program in TOOLS:
+        _check_tool(command)
     elif program == "pip":  # installing a folder of this repository (its path is checked below)
         assert command[1:3] == ["install", "-e"] and len(command) == 4, command
     else:

@@ -24,12 +24,14 @@ import pandas as pd
 import pytest
 import ray
 import torch
+from rich.console import Console
 
 from fedsim.attacks.precision import attack_precision
 from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.cli import main
 from fedsim.core.config import ScenarioError, load_scenario
 from fedsim.core.devices import TEST_LOGICAL_GPUS_ENV
+from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
 from fedsim.scenario.validate import check_gpu_request
 from fedsim.simulation.resources import (
     RESOURCES_FILE,
@@ -265,43 +267,70 @@ def _stop_tree(root: subprocess.Popen[bytes]) -> None:
     root.wait(timeout=15)
 
 
-@pytest.fixture
-def ray_cluster() -> Iterator[str]:
-    """A Ray head on 127.0.0.1 of this test's own (own temp dir), stopped by its PIDs."""
-    port = _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="ray-t13-", dir="/tmp")  # short: Ray's socket paths
+def _ray_start(*args: str) -> subprocess.Popen[bytes]:
+    """``ray start --block ARGS`` in its own session, stopped by its PIDs (:func:`_stop_tree`)."""
     ray_cli = Path(sys.executable).with_name("ray")
-    head = subprocess.Popen(
-        [
-            str(ray_cli),
-            "start",
-            "--head",
-            "--block",
-            f"--port={port}",
-            "--node-ip-address=127.0.0.1",
-            "--num-cpus=3",
-            "--num-gpus=1",
-            "--include-dashboard=false",
-            f"--temp-dir={temp_dir}",
-        ],
+    return subprocess.Popen(
+        [str(ray_cli), "start", "--block", "--node-ip-address=127.0.0.1", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
+
+
+def _wait_for_nodes(address: str, count: int, started: list[subprocess.Popen[bytes]]) -> None:
+    """Until the cluster at ``address`` has ``count`` live nodes (60 s at most)."""
+    deadline = time.monotonic() + 60
+    host, port = address.split(":")
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or started[0].poll() is not None:
+                raise RuntimeError("the test's Ray head did not start") from None
+            time.sleep(0.5)
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or head.poll() is not None:
-                    raise RuntimeError("the test's Ray head did not start") from None
-                time.sleep(0.5)
-        yield f"127.0.0.1:{port}"
+        while sum(1 for node in ray.nodes() if node["Alive"]) < count:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in started):
+                raise RuntimeError(f"the test's Ray cluster did not reach {count} nodes")
+            time.sleep(0.5)
     finally:
-        _stop_tree(head)
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[str]:
+    """A Ray cluster of this test's own on 127.0.0.1 (own temp dir): a head of 3 CPUs
+    and 1 GPU, and a worker node of 1 CPU that joins it as a user's second machine
+    would (``ray start --address``); both stopped by their PIDs.
+
+    One per test: the cluster's processes are the test process's descendants, and a
+    run kills its driver's descendants when it ends (:mod:`fedsim.simulation.lifecycle`).
+    """
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    temp_dir = tempfile.mkdtemp(prefix="ray-t13-", dir="/tmp")  # short: Ray's socket paths
+    started = [
+        _ray_start(
+            "--head",
+            f"--port={port}",
+            "--num-cpus=3",
+            "--num-gpus=1",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+        )
+    ]
+    try:
+        _wait_for_nodes(address, 1, started)
+        started.append(_ray_start(f"--address={address}", "--num-cpus=1", "--num-gpus=0"))
+        _wait_for_nodes(address, 2, started)
+        yield address
+    finally:
+        for process in reversed(started):
+            _stop_tree(process)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -321,7 +350,8 @@ def test_audited_run_on_a_separately_started_cluster(
 
     run_scenario(scenario, tmp_path / "cluster")
 
-    # 3 CPUs - 1 reserved for the audit = 2 actors (and 2 x 0.25 + 0.5 GPU = 1).
+    # The head's 3 CPUs - 1 reserved for the audit = 2 actors (and 2 x 0.25 + 0.5 GPU
+    # = 1); the worker node has no GPU, so no client actor there.
     _check_audited_run(tmp_path / "cluster", actors=2)
     where = json.loads((tmp_path / "cluster" / RESOURCES_FILE).read_text())["where"]
     assert ray_cluster in where
@@ -330,3 +360,39 @@ def test_audited_run_on_a_separately_started_cluster(
     assert set(audit["attack"]) == {"tinylab-row-ratio"}
     assert set(audit["strategy"]) == {"tinylab-smooth"}
     assert (audit["psnr"] > 60).all()
+
+
+class _CpusInUse:
+    """Round callback: the cluster's CPUs that no one holds, at the end of every round."""
+
+    def __init__(self) -> None:
+        self.free: list[float] = []
+
+    def on_round_end(self, record: object, arrays: object) -> None:
+        self.free.append(ray.available_resources().get("CPU", 0.0))
+
+
+@pytest.mark.slow
+def test_a_hundred_thousand_clients_on_a_cluster_of_two_nodes(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    # The shipped 100,000-client scenario, pointed at the cluster: no other change.
+    scenario = load_scenario(
+        REPO / "scenarios" / "scale-100k.toml",
+        [f"backend.address='{ray_cluster}'", "federation.rounds=2"],
+    )
+    cpus = _CpusInUse()
+
+    run_scenario(scenario, tmp_path / "run", Console(quiet=True), (cpus,))
+
+    plan = json.loads((tmp_path / "run" / RESOURCES_FILE).read_text())
+    assert len(plan["nodes"]) == 2 and plan["actors"] == 4  # 3 on the head, 1 on the worker
+    # All 4 CPUs held by client actors: the head has 3, so one runs on the worker node.
+    assert cpus.free == [0.0, 0.0]
+    metrics = pd.read_csv(tmp_path / "run" / METRICS_FILE)
+    clients = pd.read_csv(tmp_path / "run" / CLIENTS_FILE)
+    assert list(metrics["clients-trained"]) == [100, 100]
+    assert clients.groupby(["round", "phase"]).size().tolist() == [100, 100, 100, 100]
+    assert clients["partition-id"].between(0, 99_999).all()
+    assert clients["partition-id"].max() > 90_000  # sampled from the whole population
+    assert metrics["test-acc"].notna().all()

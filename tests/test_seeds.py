@@ -16,7 +16,7 @@ from flwr.app import RecordDict
 
 from fedsim.clients.base import ClientEnv
 from fedsim.core.config import scenario_from_dict
-from fedsim.core.seeds import Party, SeedStream, choose, derive_seed
+from fedsim.core.seeds import Party, SeedStream, choose, choose_below, derive_seed, stream_rng
 
 ROUNDS = range(1, 201)
 PARTITIONS = range(201)
@@ -90,3 +90,14 @@ def test_choose_depends_on_the_set_not_the_order() -> None:
     assert picked == choose(list(reversed(items)), 2, SeedStream.SAMPLE_TRAIN, 0, 4)
     assert len(picked) == 2 and set(picked) <= set(items)
     assert choose(items, 9, SeedStream.SAMPLE_TRAIN, 0, 4) == sorted(items)
+
+
+def test_choose_below_draws_what_drawing_from_the_listed_range_drew() -> None:
+    # A round's sample of 100,000 partitions is drawn without listing them, and is the
+    # draw that listing them gave (runs sample the clients they sampled before).
+    for size, count in [(10, 3), (1000, 10), (100_000, 100)]:
+        for server_round in (1, 2):
+            rng = stream_rng(SeedStream.SAMPLE_TRAIN, 0, server_round)
+            listed = sorted(int(i) for i in rng.choice(list(range(size)), count, replace=False))
+            assert choose_below(size, count, SeedStream.SAMPLE_TRAIN, 0, server_round) == listed
+    assert choose_below(5, 9, SeedStream.SAMPLE_TRAIN, 0, 1) == [0, 1, 2, 3, 4]

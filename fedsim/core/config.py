@@ -229,7 +229,8 @@ class FederationConfig:
     fraction: float | None = None
     rounds: int = 3
     seed: int = 0
-    evaluate_fraction: float = 1.0
+    evaluate_fraction: float | None = None
+    evaluate_clients_per_round: int | None = None
 
     def __post_init__(self) -> None:
         require(self.num_clients >= 1, "num-clients", self.num_clients, "must be >= 1")
@@ -251,11 +252,25 @@ class FederationConfig:
         if self.fraction is not None:
             require(0 < self.fraction <= 1, "fraction", self.fraction, "must be in (0, 1]")
         require(
-            0 <= self.evaluate_fraction <= 1,
-            "evaluate-fraction",
-            self.evaluate_fraction,
-            "must be in [0, 1]",
+            self.evaluate_clients_per_round is None or self.evaluate_fraction is None,
+            "evaluate-clients-per-round",
+            self.evaluate_clients_per_round,
+            "give either evaluate-clients-per-round or evaluate-fraction, not both",
         )
+        if self.evaluate_fraction is not None:
+            require(
+                0 <= self.evaluate_fraction <= 1,
+                "evaluate-fraction",
+                self.evaluate_fraction,
+                "must be in [0, 1]",
+            )
+        if self.evaluate_clients_per_round is not None:
+            require(
+                0 <= self.evaluate_clients_per_round <= self.num_clients,
+                "evaluate-clients-per-round",
+                self.evaluate_clients_per_round,
+                f"must be between 0 and num-clients ({self.num_clients})",
+            )
 
     @property
     def sampled_per_round(self) -> int:
@@ -265,6 +280,14 @@ class FederationConfig:
         if self.fraction is not None:
             return max(1, int(self.fraction * self.num_clients))
         return self.num_clients
+
+    @property
+    def evaluated_per_round(self) -> int:
+        """Number of clients sampled for local evaluation each round (default: all)."""
+        if self.evaluate_clients_per_round is not None:
+            return self.evaluate_clients_per_round
+        fraction = 1.0 if self.evaluate_fraction is None else self.evaluate_fraction
+        return round(fraction * self.num_clients)
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,13 @@ def choose(items: Iterable[int], count: int, stream: SeedStream, *parts: int) ->
     set, not on their order (client sampling, failures and audit victims).
     """
     pool = sorted(items)
-    if count >= len(pool):
-        return pool
-    chosen = stream_rng(stream, *parts).choice(pool, count, replace=False)
+    return [pool[i] for i in choose_below(len(pool), count, stream, *parts)]
+
+
+def choose_below(size: int, count: int, stream: SeedStream, *parts: int) -> list[int]:
+    """:func:`choose` from ``0 .. size - 1`` (the same draw), without building that list:
+    sampling 100 of 100,000 clients cost 38 ms a draw with the list."""
+    if count >= size:
+        return list(range(size))
+    chosen = stream_rng(stream, *parts).choice(size, count, replace=False)
     return sorted(int(i) for i in chosen)

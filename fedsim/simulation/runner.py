@@ -150,7 +150,7 @@ def serve(
     nodes = discover_partitions(grid, expected=fed.num_clients, probes=2 * actor_count(scenario))
     if phases:
         phases(f"{len(nodes)} clients ready; training")
-    sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluate_fraction)
+    sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluated_per_round)
     strategy = build_strategy(components, sampler, server)
     observers: tuple[Auditor, ...] = ()
     if scenario.audit.enabled:

@@ -168,7 +168,7 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
         log(
             INFO,
             "\t│\t└──evaluate: %d of %d clients per round",
-            round(sampler.evaluate_fraction * sampler.num_clients),
+            len(sampler.evaluate_partitions(1)),
             sampler.num_clients,
         )
         log(INFO, "\t├──> Hyper-parameters: %s", self.params)

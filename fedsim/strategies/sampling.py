@@ -12,17 +12,21 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from fedsim.core.seeds import SeedStream, choose
+from fedsim.core.seeds import SeedStream, choose_below
 
 
 @dataclass(frozen=True)
 class PartitionSampler:
-    """Which partitions train or evaluate in a round, as node ids."""
+    """Which partitions train or evaluate in a round, as node ids.
+
+    Partitions are ``0 .. num_clients - 1`` (discovery maps every one), so a
+    round's draw never lists the population.
+    """
 
     node_of_partition: dict[int, int]
     seed: int
     per_round: int
-    evaluate_fraction: float = 1.0
+    evaluate_per_round: int | None = None  # None: every client
 
     @property
     def num_clients(self) -> int:
@@ -34,14 +38,13 @@ class PartitionSampler:
         return {node: partition for partition, node in self.node_of_partition.items()}
 
     def train_partitions(self, server_round: int) -> list[int]:
-        return choose(
-            self.node_of_partition, self.per_round, SeedStream.SAMPLE_TRAIN, self.seed, server_round
-        )
+        stream = SeedStream.SAMPLE_TRAIN
+        return choose_below(self.num_clients, self.per_round, stream, self.seed, server_round)
 
     def evaluate_partitions(self, server_round: int) -> list[int]:
-        count = round(self.evaluate_fraction * self.num_clients)
+        count = self.num_clients if self.evaluate_per_round is None else self.evaluate_per_round
         stream = SeedStream.SAMPLE_EVALUATE
-        return choose(self.node_of_partition, count, stream, self.seed, server_round)
+        return choose_below(self.num_clients, count, stream, self.seed, server_round)
 
     def nodes(self, partitions: list[int]) -> list[int]:
         return [self.node_of_partition[p] for p in partitions]
