@@ -1,4 +1,4 @@
-"""Labels read from the last layer's gradient: iDLG at batch 1, counting for batches."""
+"""Labels read from the last layer's gradient: iDLG at batch 1, counting or iLRG for batches."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import dataclasses
 import pytest
 import torch
 
+from fedsim.attacks.dlg import DLG
 from fedsim.attacks.labels import (
     count_labels,
     idlg_label,
+    ilrg_labels,
+    ilrg_system,
     infer_labels,
     label_method,
     last_layer_gradient,
 )
 from fedsim.audit.experiment import Probe, gradient_probe
-from fedsim.core.config import DataConfig, ModelConfig
+from fedsim.core.config import DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import label_accuracy
 from fedsim.core.models import InputSpec, build_model
@@ -110,7 +113,14 @@ def test_method_follows_the_batch_size() -> None:
     data = _bundle("mnist-samples")
 
     assert label_method(_probe(data, torch.tensor([0])).observation) == "idlg"
+    assert label_method(_probe(data, torch.tensor([0])).observation, "ilrg") == "idlg"
     assert label_method(_probe(data, torch.arange(4)).observation) == "count"
+    assert label_method(_probe(data, torch.arange(4)).observation, "ilrg") == "ilrg"
+
+
+def test_a_batch_reading_needs_inferred_labels() -> None:
+    with pytest.raises(ScenarioError, match=r"batch-labels.*labels = 'joint' does not infer"):
+        DLG.Params(labels="joint", batch_labels="ilrg")
 
 
 def test_no_last_layer_no_labels() -> None:
@@ -121,6 +131,21 @@ def test_no_last_layer_no_labels() -> None:
 
     with pytest.raises(ValueError, match="did not receive"):
         infer_labels(blind, CPU)
+
+
+def test_ilrg_needs_the_bias_gradient() -> None:
+    data = _bundle("mnist-samples")
+    observation = _probe(data, torch.arange(4)).observation
+    last_bias = [k for k in observation.shared if k.endswith(".bias")][-1]
+    no_bias = {k: v for k, v in observation.shared.items() if k != last_bias}
+
+    with pytest.raises(ValueError, match="iLRG needs the last layer's bias gradient"):
+        infer_labels(dataclasses.replace(observation, shared=no_bias), CPU, "ilrg")
+
+
+def _embedded_digits(num_classes: int) -> DatasetBundle:
+    data = load_dataset(DataConfig(dataset="mnist-embedded", image_size=32, normalize=True))
+    return data if num_classes == 10 else _hundred_classes(data)
 
 
 def _hundred_classes(data: DatasetBundle) -> DatasetBundle:
@@ -135,9 +160,7 @@ def _hundred_classes(data: DatasetBundle) -> DatasetBundle:
 def test_counting_is_exact_at_batch_128_untrained(model: str, num_classes: int) -> None:
     # Measured by bench/label_counts.py: 1.000 in every untrained cell, batch
     # 64 to 512 (its trained rows fall to 0.26-0.50; see docs/analytic-attacks.md).
-    data = load_dataset(DataConfig(dataset="mnist-embedded", image_size=32, normalize=True))
-    if num_classes == 100:
-        data = _hundred_classes(data)
+    data = _embedded_digits(num_classes)
     idx = torch.randperm(len(data.test_images), generator=torch.Generator().manual_seed(1))[:128]
 
     probe = _probe(data, idx, init="default", model=model)
@@ -145,6 +168,36 @@ def test_counting_is_exact_at_batch_128_untrained(model: str, num_classes: int) 
 
     assert len(found) == 128
     assert label_accuracy(found, probe.truth.labels) >= 0.98
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+@pytest.mark.parametrize("model", ["lenet5-split", "lenet-zhu"])
+def test_ilrg_reads_batch_512_untrained(model: str, num_classes: int) -> None:
+    # iLRG solves K + 1 equations for K class counts: the batch (512, far
+    # above the 10 or 100 classes) does not enter its rank. Measured, seeds
+    # 1-3: 1.000 everywhere but lenet-zhu with 10 classes (0.996, 1.000, 0.996);
+    # the system's singular-value ratio 0.31 (10 classes) and 0.0999 (100).
+    data = _embedded_digits(num_classes)
+    idx = torch.randperm(len(data.test_images), generator=torch.Generator().manual_seed(1))[:512]
+
+    probe = _probe(data, idx, init="default", model=model)
+    found = infer_labels(probe.observation, CPU, "ilrg")
+    coefficients, _, classes = ilrg_system(probe.observation, CPU)
+    singular = torch.linalg.svdvals(coefficients)
+
+    assert len(found) == 512
+    assert label_accuracy(found, probe.truth.labels) >= 0.98
+    assert len(classes) == num_classes
+    assert float(singular[-1] / singular[0]) > 0.05
+
+
+def test_ilrg_reads_a_batch_of_one_class() -> None:
+    data = _bundle("mnist-embedded")
+    idx = (data.test_labels == 3).nonzero().squeeze(1)[:6]
+
+    labels = ilrg_labels(_probe(data, idx).observation, CPU)
+
+    assert labels.tolist() == [3] * 6
 
 
 def test_last_layer_gradient_has_rank_below_the_class_count() -> None:
