@@ -145,19 +145,22 @@ def ilrg_system(
 def ilrg_labels(observation: Observation, device: torch.device) -> torch.Tensor:
     """iLRG: ``B`` labels (sorted) from the least-squares class counts of :func:`ilrg_system`.
 
-    The pseudo-inverse solution is clipped at 0 and rounded, as the paper does;
-    then, to give exactly ``B`` labels, the counts rounded up furthest lose one
-    (or those rounded down furthest gain one) until they sum to ``B``.
+    As the paper does, the pseudo-inverse solution is rounded, negative counts
+    become 0 and counts above ``B`` (an ill-conditioned system's) 0 too; then, to
+    give exactly ``B`` labels, the counts rounded up furthest lose one (or those
+    rounded down furthest gain one) until they sum to ``B``.
     """
     coefficients, values, classes = ilrg_system(observation, device)
-    solution = torch.linalg.pinv(coefficients) @ values
-    counts = solution.clamp(min=0).round()
+    solution = torch.nan_to_num(torch.linalg.pinv(coefficients) @ values, 0.0, 0.0, 0.0)
+    counts = solution.round().clamp(min=0)
     batch = observation.num_examples
-    while counts.sum() > batch:
-        excess = torch.where(counts > 0, counts - solution, -torch.inf)
-        counts[excess.argmax()] -= 1
-    while counts.sum() < batch:
-        counts[(solution - counts).argmax()] += 1
+    counts[counts > batch] = 0
+    while (excess := int(counts.sum()) - batch) != 0:
+        if excess > 0:
+            rounded_up = torch.where(counts > 0, counts - solution, -torch.inf)
+            counts[rounded_up.topk(min(excess, int((counts > 0).sum()))).indices] -= 1
+        else:
+            counts[(solution - counts).topk(min(-excess, len(counts))).indices] += 1
     return torch.repeat_interleave(classes, counts.long()).sort().values
 
 
