@@ -215,7 +215,7 @@ def test_last_layer_gradient_has_rank_below_the_class_count() -> None:
     assert float(singular[-2] / singular[0]) > 1e-4
 
 
-@pytest.mark.slow  # 500 Adam steps of lenet-zhu on the 4,000 training digits (about 15 s)
+@pytest.mark.slow  # 500 Adam steps of lenet-zhu on 4,000 digits: about 30 s of CPU
 def test_on_a_trained_model_ilrg_beats_counting_and_its_system_says_it_is_ill_conditioned() -> None:
     # A trained softmax depends on its input: counting's noise-image estimate of
     # the mean softmax fails, and iLRG's premise (a class's examples share one
