@@ -1,10 +1,15 @@
-"""Label counting at large batches: today's :func:`infer_labels` against the truth.
+"""Labels at large batches: counting and iLRG side by side against the truth.
 
 Per cell: the median label accuracy (multiset overlap,
 :func:`~fedsim.core.metrics.label_accuracy`) over ``--trials`` seeded batches
 of real ``mnist-embedded`` test digits (32x32, normalised), read from the probe
 gradient (``dL/dtheta``, as :func:`~fedsim.audit.experiment.gradient_probe`
-builds it). Two output sizes:
+builds it) by both batch readings of :func:`~fedsim.attacks.labels.infer_labels`:
+``count`` (bias-corrected counting, mean softmax from noise images) and
+``ilrg`` (Ma et al. 2023, a softmax per class read off the gradient). Beside
+them, the smallest singular value of iLRG's system over its largest (the
+worst over the cell's batches): the attacker can compute it, and near zero
+it says the counts rest on the sum equation alone. Two output sizes:
 
 - 10 classes: the digits' own labels.
 - 100 classes (CIFAR-100-shaped outputs): the model has ``num_classes=100``
@@ -19,9 +24,9 @@ on the 4,000 embedded training digits with the same relabelling; the train
 accuracy it reaches is printed). Adam, not SGD: these Sigmoid LeNets stayed at
 chance (train accuracy 0.10) after 300 SGD steps at lr 0.5, and at lr 0.05
 with momentum 0.9, so an SGD-"trained" row would measure an untrained model
-twice. One process, CPU::
+twice. One process, one CPU thread; the seconds are the median per read::
 
-    .venv/bin/python bench/label_counts.py [--trials 5] [--steps 300]
+    .venv/bin/python bench/label_counts.py [--trials 5] [--steps 500]
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import time
 import torch
 from torch import nn
 
-from fedsim.attacks.labels import infer_labels, last_layer_gradient
+from fedsim.attacks.labels import BatchLabels, ilrg_system, infer_labels
 from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
@@ -45,8 +50,7 @@ from fedsim.core.models import InputSpec, build_model
 CPU = torch.device("cpu")
 BATCHES = (64, 128, 256, 512)
 MODELS = ("lenet5-split", "lenet-zhu")
-RANK_RTOL = 1e-4
-"""Singular values below this share of the largest count as float32 noise."""
+METHODS: tuple[BatchLabels, ...] = ("count", "ilrg")
 
 
 def relabelled(data: DatasetBundle, num_classes: int, seed: int = 0) -> DatasetBundle:
@@ -78,28 +82,37 @@ def trained(net: nn.Module, data: DatasetBundle, steps: int, seed: int = 0) -> f
     return float((guess == data.train_labels).float().mean())
 
 
+@dataclasses.dataclass
+class Cell:
+    """One batch size's readings: per method the accuracies and seconds, and iLRG's conditioning."""
+
+    accuracy: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    conditioning: list[float] = dataclasses.field(default_factory=list)
+
+    def median(self, method: str) -> float:
+        return statistics.median(self.accuracy[method])
+
+
 def measure(
     net: nn.Module, cfg: ModelConfig, spec: InputSpec, data: DatasetBundle, batch: int, trials: int
-) -> tuple[float, int]:
-    """Median label accuracy of :func:`infer_labels` over ``trials`` seeded batches.
-
-    With it, the largest numerical rank of the last layer's weight gradient
-    over those batches. ``dL/dW = (P - Y)^T H / B`` and every row of ``P - Y``
-    sums to zero, so the rank is at most ``min(B, K - 1, d)``: an instance-wise
-    reading (iLRG's) can tell at most that many examples apart.
-    """
+) -> Cell:
+    """Both methods on ``trials`` seeded batches of ``batch`` test digits."""
     gen = torch.Generator().manual_seed(batch)
-    accuracy, ranks = [], []
+    cell = Cell({m: [] for m in METHODS}, {m: [] for m in METHODS})
     for _ in range(trials):
         idx = torch.randperm(len(data.test_images), generator=gen)[:batch]
         probe = gradient_probe(
             net, cfg, spec, data.test_images[idx], data.test_labels[idx], data.normalization
         )
-        found = infer_labels(probe.observation, CPU)
-        accuracy.append(label_accuracy(found, probe.truth.labels))
-        weight, _ = last_layer_gradient(probe.observation, CPU)
-        ranks.append(int(torch.linalg.matrix_rank(weight.double(), rtol=RANK_RTOL)))
-    return statistics.median(accuracy), max(ranks)
+        for method in METHODS:
+            start = time.perf_counter()
+            found = infer_labels(probe.observation, CPU, method)
+            cell.seconds[method].append(time.perf_counter() - start)
+            cell.accuracy[method].append(label_accuracy(found, probe.truth.labels))
+        singular = torch.linalg.svdvals(ilrg_system(probe.observation, CPU)[0])
+        cell.conditioning.append(float(singular[-1] / singular[0]))
+    return cell
 
 
 def main() -> None:
@@ -112,9 +125,12 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     start = time.perf_counter()
     header = (
-        "| model | classes | state | " + " | ".join(f"B={b}" for b in BATCHES) + " | rank dL/dW |"
+        "| model | classes | state | "
+        + " | ".join(f"B={b} count / iLRG" for b in BATCHES)
+        + " | iLRG sigma_min / sigma_max |"
     )
     rows = [header, "|" + "---|" * (4 + len(BATCHES))]
+    seconds: dict[str, dict[int, list[float]]] = {m: {b: [] for b in BATCHES} for m in METHODS}
     for name in MODELS:
         for num_classes in (10, 100):
             data = relabelled(digits, num_classes)
@@ -126,15 +142,28 @@ def main() -> None:
                 if state == "trained":
                     reached = trained(net, data, args.steps)
                     label = f"trained ({args.steps} steps, train acc {reached:.2f})"
-                found = [measure(net, cfg, spec, data, b, args.trials) for b in BATCHES]
-                cells = [f"{accuracy:.3f}" for accuracy, _ in found]
-                rank = "/".join(str(r) for _, r in found)
+                cells = {b: measure(net, cfg, spec, data, b, args.trials) for b in BATCHES}
+                for b, cell in cells.items():
+                    for method in METHODS:
+                        seconds[method][b] += cell.seconds[method]
+                shown = [
+                    f"{c.median('count'):.3f} / {c.median('ilrg'):.3f}" for c in cells.values()
+                ]
+                worst = min(min(c.conditioning) for c in cells.values())
                 rows.append(
-                    f"| {name} | {num_classes} | {label} | " + " | ".join(cells) + f" | {rank} |"
+                    f"| {name} | {num_classes} | {label} | "
+                    + " | ".join(shown)
+                    + f" | {worst:.1e} |"
                 )
                 print(rows[-1], flush=True)
     print()
     print("\n".join(rows))
+    print("\nmedian seconds per read (all cells):")
+    for method in METHODS:
+        print(
+            f"  {method}: "
+            + ", ".join(f"B={b} {statistics.median(seconds[method][b]):.4f}" for b in BATCHES)
+        )
     print(
         f"\n{args.trials} batches per cell, median; {time.perf_counter() - start:.0f} s; "
         f"load average at end: {os.getloadavg()[0]:.2f}"

@@ -128,6 +128,7 @@ def _fake_observation(batch: int, shared_prefix: str = "") -> Observation:
         ("dlg", {}, 1, ""),
         ("sapag", {}, 1, ""),
         ("dlg", {"optimizer": "adamw", "labels": "infer"}, 2, ""),
+        ("dlg", {"labels": "infer", "batch-labels": "ilrg"}, 2, ""),
         ("sapag", {"clamp": "step", "dummy-init": "constant", "labels": "infer"}, 2, ""),
         ("sapag", {"dummy-init": "uniform", "layer-weights": [1, 0.5, 0.2, 0.1]}, 1, ""),
         ("dlg", {}, 1, "classifier"),  # FedSplit: the extractor is the attacker's guess

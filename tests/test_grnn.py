@@ -179,12 +179,14 @@ def test_runs_on_other_zoo_models_and_on_updates(model: str) -> None:
     assert all(torch.isfinite(torch.tensor(rec.objective_trace)))
 
 
-def test_inferred_labels_replace_the_label_branch() -> None:
+@pytest.mark.parametrize("batch_labels", ["count", "ilrg"])
+def test_inferred_labels_replace_the_label_branch(batch_labels: str) -> None:
     probe = mnist_probe([0, 1, 2, 3])
+    params = GRNN.Params(steps=2, labels="infer", batch_labels=batch_labels)  # type: ignore[arg-type]
 
-    rec = GRNN(GRNN.Params(steps=2, labels="infer")).reconstruct(probe.observation)
+    rec = GRNN(params).reconstruct(probe.observation)
 
-    assert rec.details["labels"] == "count"
+    assert rec.details["labels"] == batch_labels
     assert sorted(rec.labels.tolist()) == sorted(probe.truth.labels.tolist())
 
 

@@ -38,7 +38,7 @@ from torch import nn
 from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
 from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.gradients import batch_gradient, target_gradient, victim_model
-from fedsim.attacks.labels import infer_labels, label_method
+from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, require_inferred
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 from fedsim.core.data import Normalization
@@ -208,8 +208,12 @@ class GRNNParams:
         step, its ``final_objective`` that distance.
     labels:
         ``generator``: the label branch's soft labels (GRNN). ``infer``: labels
-        read from the last layer first (iDLG at batch 1, counting for batches;
-        see :mod:`fedsim.attacks.labels`), fixed, and the label branch unused.
+        read from the last layer first (iDLG at batch 1, ``batch_labels`` for
+        batches; see :mod:`fedsim.attacks.labels`), fixed, and the label
+        branch unused.
+    batch_labels:
+        How ``labels = "infer"`` reads a batch's labels: ``count``
+        (bias-corrected counting) or ``ilrg`` (iLRG, Ma et al. 2023).
     convergence:
         When a restart counts as converged, and whether it stops early
         (:mod:`fedsim.attacks.convergence`), on the full loss per step.
@@ -224,6 +228,7 @@ class GRNNParams:
     width: int = 32
     restarts: int = 1
     labels: Literal["generator", "infer"] = "generator"
+    batch_labels: BatchLabels = "count"
     convergence: ConvergenceRule = field(default_factory=ConvergenceRule)
 
     def __post_init__(self) -> None:
@@ -240,6 +245,7 @@ class GRNNParams:
         require(1 <= self.latent_dim <= 4096, "latent-dim", self.latent_dim, "must be in 1..4096")
         require(1 <= self.width <= 1024, "width", self.width, "must be in 1..1024")
         require_restarts(self.restarts)
+        require_inferred(self.labels, self.batch_labels)
 
     @property
     def step_count(self) -> int:
@@ -277,7 +283,7 @@ class GRNN(Attack):
         )
         fixed = None
         if self.params.labels == "infer":
-            found = infer_labels(observation, self.device)
+            found = infer_labels(observation, self.device, self.params.batch_labels)
             fixed = F.one_hot(found, observation.input_spec.num_classes).float()
         runs = [
             self._run(objective, observation, seed, r, fixed) for r in range(self.params.restarts)
@@ -299,7 +305,9 @@ class GRNN(Attack):
             details={
                 "wasserstein": self.params.wasserstein,
                 "tv_weight": objective.tv_weight,
-                "labels": "generator" if fixed is None else label_method(observation),
+                "labels": "generator"
+                if fixed is None
+                else label_method(observation, self.params.batch_labels),
                 "soft_labels": chosen.labels.cpu(),
                 "restart_objectives": [run.distance for run in runs],
                 "chosen_restart": best,

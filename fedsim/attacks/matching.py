@@ -47,7 +47,7 @@ from fedsim.attacks.gradients import (
     target_gradient,
     victim_model,
 )
-from fedsim.attacks.labels import infer_labels, label_method
+from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, require_inferred
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
 from fedsim.core.config import require
 from fedsim.core.models import SplitNet, recording_batch_statistics
@@ -90,8 +90,12 @@ class MatchingParams:
         projected L-BFGS; the same as ``step`` for AdamW).
     labels:
         ``joint``: optimise soft labels with the images (DLG). ``infer``: read
-        them from the last layer's gradient first (iDLG at batch 1, counting
-        for batches; see :mod:`fedsim.attacks.labels`) and keep them fixed.
+        them from the last layer's gradient first (iDLG at batch 1,
+        ``batch_labels`` for batches; see :mod:`fedsim.attacks.labels`) and
+        keep them fixed.
+    batch_labels:
+        How ``labels = "infer"`` reads a batch's labels: ``count``
+        (bias-corrected counting) or ``ilrg`` (iLRG, Ma et al. 2023).
     signed_gradient:
         AdamW steps on the sign of the objective's gradient (Inverting Gradients).
     step_decay:
@@ -122,6 +126,7 @@ class MatchingParams:
     dummy_constant: float = 0.5
     clamp: Literal["off", "step", "iteration"] = "off"
     labels: Literal["joint", "infer"] = "joint"
+    batch_labels: BatchLabels = "count"
     signed_gradient: bool = False
     step_decay: bool = False
     batchnorm: BatchNormKnowledge = "none"
@@ -130,6 +135,7 @@ class MatchingParams:
 
     def __post_init__(self) -> None:
         require_restarts(self.restarts)
+        require_inferred(self.labels, self.batch_labels)
         require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be >= 1")
         require(self.lr is None or self.lr > 0, "lr", self.lr, "must be > 0")
         require(
@@ -345,7 +351,7 @@ class GradientMatchingAttack(Attack):
             per_victim_params.append(params)
             targets.append([target[n].float() for n in names])
             constants.append(self.distance_constants(targets[-1], depths))
-            found = infer_labels(obs, self.device) if inferring else None
+            found = infer_labels(obs, self.device, self.params.batch_labels) if inferring else None
             if found is not None:
                 labels.append(F.one_hot(found, spec.num_classes).float())
             if infer:
@@ -547,7 +553,9 @@ class GradientMatchingAttack(Attack):
                         "diverged_restarts": int(diverged.view(victims, -1)[v].sum()),
                         "converged_restarts": int(converged[v].sum()),
                         "evaluations": optimizer.evaluations.view(victims, -1)[v].tolist(),
-                        "labels": "joint" if group.labels is None else label_method(obs),
+                        "labels": "joint"
+                        if group.labels is None
+                        else label_method(obs, p.batch_labels),
                         "batchnorm": group.batchnorm,
                         "batched_problems": victims * restarts,
                     },
