@@ -230,6 +230,9 @@ class FederationConfig:
     rounds: int = 3
     seed: int = 0
     evaluate_fraction: float = 1.0
+    # Systems heterogeneity (FedProx, Li et al. 2020): this share of each round's sampled
+    # clients (rounded half up) does fewer local epochs, drawn from the seed and the round.
+    stragglers: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.num_clients >= 1, "num-clients", self.num_clients, "must be >= 1")
@@ -255,6 +258,12 @@ class FederationConfig:
             "evaluate-fraction",
             self.evaluate_fraction,
             "must be in [0, 1]",
+        )
+        require(
+            0 <= self.stragglers < 1,
+            "stragglers",
+            self.stragglers,
+            "must be in [0, 1) (the share of each round's sampled clients that does fewer epochs)",
         )
 
     @property
