@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def straggler_count(fraction: float, sampled: int) -> int:
-    """How many of ``sampled`` clients straggle at ``fraction`` (rounded half up: 9 of 10 at 0.9)."""
+    """How many of ``sampled`` clients straggle at ``fraction`` (half up: 9 of 10 at 0.9)."""
     return math.floor(fraction * sampled + 0.5)
 
 
@@ -53,13 +53,12 @@ class StragglerPlan:
         """Straggling partition -> its epochs (uniform in 1..E) among ``partitions``."""
         count = straggler_count(self.fraction, len(partitions))
         chosen = choose(partitions, count, SeedStream.STRAGGLERS, self.seed, server_round)
-        return {
-            partition: int(
-                stream_rng(SeedStream.STRAGGLER_EPOCHS, self.seed, server_round, partition)
-                .integers(1, self.epochs, endpoint=True)
-            )
-            for partition in chosen
-        }
+        return {partition: self._epochs(server_round, partition) for partition in chosen}
+
+    def _epochs(self, server_round: int, partition: int) -> int:
+        # Its own stream per partition: the same whoever else was sampled with it.
+        rng = stream_rng(SeedStream.STRAGGLER_EPOCHS, self.seed, server_round, partition)
+        return int(rng.integers(1, self.epochs, endpoint=True))
 
 
 def straggler_config(epochs: int) -> dict[str, int]:
