@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
-from inprocess import NODE_OFFSET, InProcessRun, run_inprocess
+from inprocess import NODE_OFFSET, InProcessRun, run_inprocess, tiny_table
 from rich.console import Console
 
 from fedsim.clients.fedavg import FedAvgClient
@@ -105,9 +105,18 @@ def test_bad_straggler_settings_are_refused_in_one_line(
     table = _table({"name": "fedavg"})
     for name, values in change.items():
         table[name] = {**table[name], **values}
-    with pytest.raises(ScenarioError, match=None) as caught:
+    with pytest.raises(ScenarioError) as caught:
         check_components(scenario_from_dict(table))
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_audit_of_updates_is_refused_with_stragglers_and_the_probe_is_not() -> None:
+    # The update threat model replays the round's one train config; a straggler's differs.
+    table = tiny_table({"name": "fedavg"}, federation={"stragglers": 0.5}, audit={"enabled": True})
+    with pytest.raises(ScenarioError, match="update threat model replays the round's one"):
+        check_components(scenario_from_dict(table))
+    table["audit"]["threat-model"] = "probe"
+    assert check_components(scenario_from_dict(table)).attacks
 
 
 def test_a_strategy_that_cannot_run_stragglers_is_refused() -> None:

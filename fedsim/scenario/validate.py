@@ -189,6 +189,14 @@ def check_stragglers(scenario: Scenario, strategy_cls: type[EngineHooks]) -> Non
         stragglers,
         "stragglers do fewer local epochs, so client.local-steps must be 0",
     )
+    audit = scenario.audit
+    require(
+        not (audit.enabled and audit.threat_model == "update"),
+        "federation.stragglers",
+        stragglers,
+        "the audit's update threat model replays the round's one train config, and a straggler "
+        'trains fewer epochs than it says; use audit.threat-model = "probe" or no stragglers',
+    )
 
 
 def check_components(scenario: Scenario) -> Components:
