@@ -31,6 +31,7 @@ import json
 import math
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +144,19 @@ def figure(data: str, found: dict[str, dict[str, list[float]]], path: Path) -> N
         axes[1, column].set_xlabel("round")
     axes[0, 0].set_ylabel("loss, global model (devices' data)")
     axes[1, 0].set_ylabel("test accuracy (devices' data)")
-    axes[0, 0].legend()
+    for axis in axes[0]:
+        if axis.lines:
+            axis.legend(fontsize=8)
     fig.savefig(path, dpi=90)
 
 
 def table(found: dict[str, dict[str, list[float]]]) -> str:
-    """The README table: final and best loss and accuracy per cell."""
+    """The README table: final and best loss and accuracy per cell, and the largest rise of
+    the loss from one round to the next (how unstable the run is)."""
     lines = [
-        "| data | stragglers | method | final loss | min loss | final acc | best acc |",
-        "|---|---|---|---|---|---|---|",
+        "| data | stragglers | method | final loss | min loss | largest loss rise "
+        "| final acc | best acc |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells():
         runs = found.get(label(*cell))
@@ -162,6 +167,7 @@ def table(found: dict[str, dict[str, list[float]]]) -> str:
         shown = [
             f"{loss[-1]:.3f}" if math.isfinite(loss[-1]) else "diverged",
             f"{min(loss):.3f}",
+            f"{max(b - a for a, b in pairwise(loss)):.3f}",
             f"{acc[-1]:.3f}",
             f"{max(acc):.3f}",
         ]
