@@ -41,6 +41,7 @@ from matplotlib.figure import Figure
 
 from fedsim.core import protocol
 from fedsim.outputs.run_folder import METRICS_FILE
+from fedsim.sweeps.runs import MARKER
 from fedsim.sweeps.spec import slug
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,12 +118,12 @@ def spec(rounds: int, seed: int) -> dict[str, Any]:
 
 
 def series(out: Path, seed: int) -> dict[str, dict[str, list[float]]]:
-    """Each finished cell's loss and accuracy per round (cells not run yet are left out)."""
+    """Each finished cell's loss and accuracy per round (cells not finished are left out)."""
     found = {}
     for cell in cells():
-        metrics = out / "runs" / slug(label(*cell)) / f"seed-{seed}" / METRICS_FILE
-        if metrics.exists():
-            frame = pd.read_csv(metrics)
+        run_dir = out / "runs" / slug(label(*cell)) / f"seed-{seed}"
+        if (run_dir / MARKER).is_file():  # the sweep marks a run finished
+            frame = pd.read_csv(run_dir / METRICS_FILE)
             found[label(*cell)] = {"loss": list(frame[LOSS]), "acc": list(frame[ACC])}
     return found
 
