@@ -124,7 +124,11 @@ def series(out: Path, seed: int) -> dict[str, dict[str, list[float]]]:
         run_dir = out / "runs" / slug(label(*cell)) / f"seed-{seed}"
         if (run_dir / MARKER).is_file():  # the sweep marks a run finished
             frame = pd.read_csv(run_dir / METRICS_FILE)
-            found[label(*cell)] = {"loss": list(frame[LOSS]), "acc": list(frame[ACC])}
+            found[label(*cell)] = {
+                "loss": list(frame[LOSS]),
+                "acc": list(frame[ACC]),
+                "device-mean-acc": list(frame[protocol.TEST_ACC]),
+            }
     return found
 
 
@@ -152,12 +156,13 @@ def figure(data: str, found: dict[str, dict[str, list[float]]], path: Path) -> N
 
 
 def table(found: dict[str, dict[str, list[float]]]) -> str:
-    """The README table: final and best loss and accuracy per cell, and the largest rise of
-    the loss from one round to the next (how unstable the run is)."""
+    """The README table: final and best loss and accuracy per cell, the largest rise of the
+    loss from one round to the next (how unstable the run is), and the final accuracy on the
+    server's test set, which weighs every device alike (100 fresh examples of each)."""
     lines = [
         "| data | stragglers | method | final loss | min loss | largest loss rise "
-        "| final acc | best acc |",
-        "|---|---|---|---|---|---|---|---|",
+        "| final acc | best acc | final device-mean acc |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells():
         runs = found.get(label(*cell))
@@ -171,6 +176,7 @@ def table(found: dict[str, dict[str, list[float]]]) -> str:
             f"{max(b - a for a, b in pairwise(loss)):.3f}",
             f"{acc[-1]:.3f}",
             f"{max(acc):.3f}",
+            f"{runs['device-mean-acc'][-1]:.3f}",
         ]
         lines.append(f"| {data} | {round(share * 100)}% | {method} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
