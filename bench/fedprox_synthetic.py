@@ -14,7 +14,8 @@ round it reads ``client-eval-loss`` and ``client-eval-acc``: the global model on
 every device's local test split, example-weighted. The accuracy is the paper's
 test accuracy; the paper's training loss is the global model on the devices'
 training data, which fedsim does not evaluate, so the loss shown is the same
-model's loss on the devices' held-out 20 %. alpha and beta are standard
+model's loss on the devices' held-out 20 %. Beside them, the server's ``test-acc``
+(100 fresh examples of each device: every device weighs alike). alpha and beta are standard
 deviations (``scale = "std"``), as the FedProx code that drew the paper's
 figures passes them to ``np.random.normal``. Writes a figure per data set (loss
 and accuracy per round, a column per straggler share), the table as markdown,
