@@ -174,7 +174,7 @@ def table(found: dict[str, dict[str, list[float]]]) -> str:
         shown = [
             f"{loss[-1]:.3f}" if math.isfinite(loss[-1]) else "diverged",
             f"{min(loss):.3f}",
-            f"{max(b - a for a, b in pairwise(loss)):.3f}",
+            f"{max(0.0, *(b - a for a, b in pairwise(loss))):.3f}",  # 0: it never rose
             f"{acc[-1]:.3f}",
             f"{max(acc):.3f}",
             f"{runs['device-mean-acc'][-1]:.3f}",
