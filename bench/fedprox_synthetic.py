@@ -134,10 +134,13 @@ def series(out: Path, seed: int) -> dict[str, dict[str, list[float]]]:
 
 
 def figure(data: str, found: dict[str, dict[str, list[float]]], path: Path) -> None:
-    """Loss (top) and accuracy (bottom) per round, a column per straggler share."""
-    fig = Figure(figsize=(12, 6.5), layout="constrained")
-    axes = fig.subplots(2, len(STRAGGLERS), sharex=True, sharey="row")
-    for column, share in enumerate(STRAGGLERS):
+    """Loss (top) and accuracy (bottom) per round, a column per straggler share that ran."""
+    shares = [s for s in STRAGGLERS if any(label(data, s, m) in found for m in METHODS)]
+    if not shares:
+        return
+    fig = Figure(figsize=(4 * len(shares), 6.5), layout="constrained")
+    axes = fig.subplots(2, len(shares), sharex=True, sharey="row", squeeze=False)
+    for column, share in enumerate(shares):
         for method in METHODS:
             runs = found.get(label(data, share, method))
             if runs is None:
