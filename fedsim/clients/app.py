@@ -23,6 +23,8 @@ def build_client_app(
     Every reply carries the client's partition id in its metrics: the server
     only sees node ids, and records results per partition. Messages the server
     marked with an injected failure fail in the mod (:mod:`fedsim.simulation.failures`).
+    In a run with stragglers, train replies also echo ``straggler`` and the
+    ``local-epochs`` the routine trained (:mod:`fedsim.strategies.stragglers`).
     """
     app = ClientApp(mods=[inject_failures])
     routine = CLIENT_ROUTINES.get(routine_name)()
@@ -41,6 +43,9 @@ def build_client_app(
         )
         arrays, metrics = train_defended(routine, env, sent, config)
         metrics[protocol.PARTITION_ID] = env.partition_id
+        if protocol.STRAGGLER in config:  # a run with stragglers: clients.csv records the work
+            metrics[protocol.STRAGGLER] = protocol.read_int(config, protocol.STRAGGLER)
+            metrics[protocol.LOCAL_EPOCHS] = protocol.read_int(config, protocol.LOCAL_EPOCHS)
         content = RecordDict({protocol.ARRAYS: arrays, protocol.METRICS: MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
 

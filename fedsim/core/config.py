@@ -231,6 +231,9 @@ class FederationConfig:
     seed: int = 0
     evaluate_fraction: float | None = None
     evaluate_clients_per_round: int | None = None
+    # Systems heterogeneity (FedProx, Li et al. 2020): this share of each round's sampled
+    # clients (rounded half up) does fewer local epochs, drawn from the seed and the round.
+    stragglers: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.num_clients >= 1, "num-clients", self.num_clients, "must be >= 1")
@@ -271,6 +274,12 @@ class FederationConfig:
                 self.evaluate_clients_per_round,
                 f"must be between 0 and num-clients ({self.num_clients})",
             )
+        require(
+            0 <= self.stragglers < 1,
+            "stragglers",
+            self.stragglers,
+            "must be in [0, 1) (the share of each round's sampled clients that does fewer epochs)",
+        )
 
     @property
     def sampled_per_round(self) -> int:

@@ -34,6 +34,10 @@ FEDCG_GAMMA = "fedcg-gamma"  # FedCG stage 1: weight of the feature-matching ter
 FEDCG_DIVERSITY = "fedcg-diversity-weight"  # FedCG stage 2: diversity loss weight
 FEDCG_GAN_STEPS = "fedcg-gan-steps"  # FedCG stage 2: minibatches (0 = as stage 1)
 FAILURE = "fedsim.failure"  # a ConfigRecord marking an injected failure (engine.failures)
+# Stragglers (federation.stragglers): the server sends a straggler ``straggler = 1`` and
+# its smaller ``local-epochs`` (the client config's own key); every train reply echoes both.
+STRAGGLER = "straggler"
+LOCAL_EPOCHS = "local-epochs"
 
 # -- metric keys a client replies with ------------------------------------------
 NUM_EXAMPLES = "num-examples"  # the aggregation weight
@@ -98,10 +102,14 @@ DISTILL_KL_DISTILLED = "distill-kl-distilled"
 DISTILL_KL_AFTER = "distill-kl-after"
 DISTILL_ACCEPTED = "distill-accepted"
 DISTILL_SECONDS = "distill-seconds"
+# Stragglers' replies a strategy left out of the round's aggregate (FedAvg drops them).
+STRAGGLERS_DROPPED = "stragglers-dropped"
 
 # -- clients.csv: one row per client, phase and round -----------------------------
 PHASE = "phase"
 FAILURE_KIND = "failure"  # "error" or "timeout" for a client that did not reply
+# Facts about one client's reply, recorded per client and never averaged over clients.
+PER_CLIENT_METRICS = (PARTITION_ID, STRAGGLER, LOCAL_EPOCHS)
 
 
 def read_int(record: Mapping[str, Any], key: str) -> int:

@@ -41,6 +41,9 @@ class SeedStream(enum.Enum):
     SAMPLE_TRAIN = ("sample-train", Party.FEDERATION, ("seed", "round"))
     SAMPLE_EVALUATE = ("sample-evaluate", Party.FEDERATION, ("seed", "round"))
     FAILURES = ("failures", Party.FEDERATION, ("seed", "round"))
+    # Stragglers (federation.stragglers): who straggles in a round, then each one's epochs.
+    STRAGGLERS = ("stragglers", Party.FEDERATION, ("seed", "round"))
+    STRAGGLER_EPOCHS = ("straggler-epochs", Party.FEDERATION, ("seed", "round", "partition"))
     CLIENT_TRAIN = ("client-train", Party.FEDERATION, ("seed", "round", "partition"))
     FEDCG_GAN = ("fedcg-gan", Party.FEDERATION, ("seed", "round", "partition"))
     DEFENCE_UPLOAD = ("defence-upload", Party.FEDERATION, ("seed", "round", "partition"))

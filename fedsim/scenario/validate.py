@@ -53,6 +53,7 @@ from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.base import EngineHooks
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,34 @@ def check_plugins(scenario: Scenario) -> None:
             raise ScenarioError("plugins", list(scenario.plugins), str(err)) from None
 
 
+def check_stragglers(scenario: Scenario, strategy_cls: type[EngineHooks]) -> None:
+    """Stragglers need a strategy that says what to do with them, and epochs to cut."""
+    stragglers = scenario.federation.stragglers
+    if stragglers == 0:
+        return
+    able = sorted(name for name in STRATEGIES.names() if STRATEGIES.get(name).straggler_replies)
+    require(
+        strategy_cls.straggler_replies is not None,
+        "federation.stragglers",
+        stragglers,
+        f"strategy {scenario.strategy.name!r} cannot run stragglers; these can: {', '.join(able)}",
+    )
+    require(
+        scenario.client.local_steps == 0,
+        "federation.stragglers",
+        stragglers,
+        "stragglers do fewer local epochs, so client.local-steps must be 0",
+    )
+    audit = scenario.audit
+    require(
+        not (audit.enabled and audit.threat_model == "update"),
+        "federation.stragglers",
+        stragglers,
+        "the audit's update threat model replays the round's one train config, and a straggler "
+        'trains fewer epochs than it says; use audit.threat-model = "probe" or no stragglers',
+    )
+
+
 def check_components(scenario: Scenario) -> Components:
     """Every name and parameter the scenario gives and how they fit, resolved; raise
     ScenarioError."""
@@ -194,6 +223,7 @@ def check_components(scenario: Scenario) -> Components:
     resolve(PARTITIONERS, scenario.data.partitioner, "data.partitioner")
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
     strategy.cls.check_scenario(scenario)
+    check_stragglers(scenario, strategy.cls)
     check_defences(scenario)
     attacks = check_audit(scenario, strategy.cls.shared_prefixes) if scenario.audit.enabled else ()
     return Components(scenario, strategy, attacks)

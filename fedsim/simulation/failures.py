@@ -23,13 +23,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message
 
 from fedsim.clients.failures import INJECTED_MARKER
 from fedsim.core import protocol
 from fedsim.core.config import FailureConfig, Scenario, ScenarioError
 from fedsim.core.seeds import SeedStream, choose
-from fedsim.strategies.base import required_replies
+from fedsim.strategies.base import required_replies, with_record
 
 
 def failing_count(fraction: float, sampled: int) -> int:
@@ -76,17 +76,10 @@ class FailurePlan:
 def mark(message: Message, kind: str, deadline: float) -> Message:
     """A copy of ``message`` that tells its client to fail (``kind``) this round.
 
-    Strategies send one shared ``RecordDict`` to every client, so the mark goes
-    on a shallow copy. ``deadline`` (``time.time()``) is when the server stops
-    waiting for replies.
+    ``deadline`` (``time.time()``) is when the server stops waiting for replies.
     """
-    content = RecordDict(dict(message.content.items()))
-    content[protocol.FAILURE] = ConfigRecord({"kind": kind, "deadline": deadline})
-    return Message(
-        content=content,
-        dst_node_id=message.metadata.dst_node_id,
-        message_type=message.metadata.message_type,
-        group_id=message.metadata.group_id,
+    return with_record(
+        message, protocol.FAILURE, ConfigRecord({"kind": kind, "deadline": deadline})
     )
 
 

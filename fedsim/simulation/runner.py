@@ -38,6 +38,7 @@ from fedsim.simulation.loop import RoundCallback, run_rounds
 from fedsim.simulation.resources import reserve_audit, start_ray
 from fedsim.strategies.base import EngineServices, FedsimStrategy, ServerResources
 from fedsim.strategies.sampling import PartitionSampler
+from fedsim.strategies.stragglers import StragglerPlan
 
 SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -88,8 +89,15 @@ def build_strategy(
     components: Components, sampler: PartitionSampler, server: ServerResources
 ) -> FedsimStrategy:
     """The scenario's strategy, built from its parameters as a Flower user would, with the
-    engine's services (seeded sampling, held-out evaluation, failure threshold) attached."""
-    engine = EngineServices(sampler, server, components.scenario.failures.min_replies)
+    engine's services (seeded sampling, held-out evaluation, failure threshold, stragglers)
+    attached."""
+    scenario = components.scenario
+    engine = EngineServices(
+        sampler,
+        server,
+        scenario.failures.min_replies,
+        StragglerPlan.from_scenario(scenario),
+    )
     strategy: FedsimStrategy = components.strategy.cls.from_params(components.strategy.params)
     return strategy.attach_engine(engine)
 

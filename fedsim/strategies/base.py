@@ -22,16 +22,17 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.core.data import DatasetBundle
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.seeds import model_init_seed
 from fedsim.strategies.sampling import PartitionSampler
+from fedsim.strategies.stragglers import StragglerPlan
 
 if TYPE_CHECKING:
     from fedsim.core.config import Scenario
@@ -44,6 +45,22 @@ class TooFewReplies(RuntimeError):
 def required_replies(min_fraction: float, sampled: int) -> int:
     """Training replies a round of ``sampled`` clients needs (at least one)."""
     return max(1, math.ceil(min_fraction * sampled - 1e-9))
+
+
+def with_record(message: Message, key: str, record: Any) -> Message:
+    """A copy of ``message`` whose content holds ``record`` under ``key``.
+
+    Strategies send one shared ``RecordDict`` to every client, so what one
+    client alone is told goes on a shallow copy.
+    """
+    content = RecordDict(dict(message.content.items()))
+    content[key] = record
+    return Message(
+        content=content,
+        dst_node_id=message.metadata.dst_node_id,
+        message_type=message.metadata.message_type,
+        group_id=message.metadata.group_id,
+    )
 
 
 @dataclass
@@ -71,12 +88,14 @@ class EngineServices:
     """What fedsim's engine lends a strategy: seeded sampling, the server's data, thresholds.
 
     ``min_replies`` overrides the strategy's own fraction (scenario key
-    ``failures.min-replies``); ``None`` keeps the strategy's.
+    ``failures.min-replies``); ``None`` keeps the strategy's. ``stragglers``:
+    who straggles each round (scenario key ``federation.stragglers``), or ``None``.
     """
 
     sampler: PartitionSampler
     server: ServerResources
     min_replies: float | None = None
+    stragglers: StragglerPlan | None = None
 
 
 class EngineHooks(ABC):
@@ -90,6 +109,9 @@ class EngineHooks(ABC):
     """A round aggregates when at least this fraction of the sampled clients replied."""
     shared_prefixes: ClassVar[tuple[str, ...] | None] = None
     """Parameter-name prefixes the clients upload; ``None``: the whole model."""
+    straggler_replies: ClassVar[Literal["drop", "aggregate"] | None] = None
+    """What the strategy does with a straggler's partial work (``federation.stragglers``);
+    ``None``: it cannot run stragglers."""
 
     @classmethod
     def from_params(cls, params: Any) -> Self:

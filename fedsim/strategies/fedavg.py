@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
@@ -26,9 +26,11 @@ from fedsim.strategies.base import (
     FedsimStrategy,
     TooFewReplies,
     required_replies,
+    with_record,
 )
 from fedsim.strategies.registry import STRATEGIES
 from fedsim.strategies.sampling import PreselectedGrid
+from fedsim.strategies.stragglers import straggler_config
 
 NUM_EXAMPLES = protocol.NUM_EXAMPLES
 
@@ -42,7 +44,11 @@ def weighted_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord
         weight = protocol.read_float(metrics, weight_key)
         weight_sum += weight
         for key, value in metrics.items():
-            if key in (weight_key, protocol.PARTITION_ID) or not isinstance(value, int | float):
+            if (
+                key == weight_key
+                or key in protocol.PER_CLIENT_METRICS
+                or not isinstance(value, int | float)
+            ):
                 continue
             totals[key] = totals.get(key, 0.0) + weight * float(value)
     return MetricRecord({k: v / max(weight_sum, 1e-12) for k, v in totals.items()})
@@ -63,7 +69,12 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
     partition sampling replaces them, and a round with fewer replies than
     ``min_replies`` of the sampled clients stops the run
     (:class:`~fedsim.strategies.base.TooFewReplies`); scenario key
-    ``failures.min-replies`` overrides the fraction.
+    ``failures.min-replies`` overrides the fraction. With stragglers
+    (``federation.stragglers``) the engine's plan picks them among the sampled
+    clients and their messages carry their smaller ``local-epochs``; FedAvg
+    drops their replies from the aggregate (as the FedProx paper's FedAvg
+    does) and counts them in the round's ``stragglers-dropped``; a subclass
+    that keeps them sets ``straggler_replies = "aggregate"``.
 
     Message contract (keys in :mod:`fedsim.core.protocol`): train and evaluate
     messages carry the global model (``arrays``) and ``config`` with the
@@ -75,6 +86,7 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
 
     Params: ClassVar[type] = FedAvgParams
     client_routine: ClassVar[str] = "fedavg"
+    straggler_replies: ClassVar[Literal["drop", "aggregate"] | None] = "drop"
 
     def __init__(self, **flower_options: Any) -> None:
         super().__init__(
@@ -87,6 +99,7 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
         )
         self.params: Any = FedAvgParams()
         self.sampled: list[int] = []
+        self.straggling: dict[int, int] = {}  # this round's stragglers: partition -> epochs
 
     def initial_arrays(self) -> ArrayRecord:
         """The round-0 global model: the zoo model, seeded."""
@@ -112,15 +125,34 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
             messages = list(super().configure_train(server_round, arrays, config, grid))
             self.sampled = [m.metadata.dst_node_id for m in messages]
             return messages
-        self.sampled = self.engine.sampler.train_partitions(server_round)
-        nodes = self.engine.sampler.nodes(self.sampled)
+        sampler, plan = self.engine.sampler, self.engine.stragglers
+        self.sampled = sampler.train_partitions(server_round)
+        nodes = sampler.nodes(self.sampled)
         chosen = PreselectedGrid(grid, nodes)
-        return self._ask(nodes, super().configure_train(server_round, arrays, config, chosen))  # type: ignore[arg-type]
+        messages = self._ask(nodes, super().configure_train(server_round, arrays, config, chosen))  # type: ignore[arg-type]
+        self.straggling = plan.stragglers(server_round, self.sampled) if plan else {}
+        return [self._told_epochs(message, config) for message in messages]
+
+    def _told_epochs(self, message: Message, config: ConfigRecord) -> Message:
+        # With stragglers every train message says whether its client straggles, and a
+        # straggler's carries its own smaller local-epochs: clients.csv records both.
+        if self.require_engine("stragglers").stragglers is None:
+            return message
+        partition = self.require_engine("stragglers").sampler.partition_of[
+            message.metadata.dst_node_id
+        ]
+        epochs = self.straggling.get(partition)
+        told = straggler_config(epochs) if epochs else {protocol.STRAGGLER: 0}
+        return with_record(message, protocol.CONFIG, ConfigRecord({**config, **told}))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's FedAvg over the replies, once enough of the sampled clients replied."""
+        """Flower's FedAvg over the replies, once enough of the sampled clients replied.
+
+        A straggler's reply counts as a reply; FedAvg then leaves it out of the
+        aggregate and records how many it left out (``stragglers-dropped``).
+        """
         replies = list(replies)
         fraction = (self.engine and self.engine.min_replies) or self.min_replies
         needed = required_replies(fraction, len(self.sampled))
@@ -130,7 +162,21 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
                 f"round {server_round}: {ok} of {len(self.sampled)} sampled clients replied; "
                 f"{type(self).__name__} needs {needed} (min-replies {fraction})"
             )
-        return super().aggregate_train(server_round, replies)
+        if self.engine is None or self.engine.stragglers is None:
+            return super().aggregate_train(server_round, replies)
+        partition_of = self.engine.sampler.partition_of
+        dropped = [
+            reply
+            for reply in replies
+            if self.straggler_replies == "drop"
+            and not reply.has_error()
+            and partition_of[reply.metadata.src_node_id] in self.straggling
+        ]
+        kept = [reply for reply in replies if reply not in dropped]
+        arrays, metrics = super().aggregate_train(server_round, kept)
+        metrics = metrics if metrics is not None else MetricRecord()
+        metrics[protocol.STRAGGLERS_DROPPED] = len(dropped)
+        return arrays, metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

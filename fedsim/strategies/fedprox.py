@@ -4,6 +4,9 @@ The server side is FedAvg plus one public train-config entry,
 ``proximal-mu``; the client (:mod:`fedsim.clients.fedprox`) adds
 ``(mu / 2) * ||w - w_global||^2`` to its loss. ``mu = 0`` is FedAvg exactly.
 
+With stragglers (``federation.stragglers``) FedProx aggregates their partial
+work where FedAvg drops it: the paper's second difference from FedAvg.
+
 Message contract: FedAvg's (:class:`fedsim.strategies.fedavg.FedAvg`), and
 train ``config`` adds ``proximal-mu`` (``fedsim.core.protocol.PROXIMAL_MU``),
 as Flower's own ``FedProx`` sends it, so either answers the other's clients.
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
@@ -36,10 +39,11 @@ class FedProxParams:
 
 @STRATEGIES.register("fedprox")
 class FedProx(FedAvg):
-    """FedAvg that sends ``proximal-mu`` to its clients."""
+    """FedAvg that sends ``proximal-mu`` to its clients and aggregates stragglers' partial work."""
 
     Params: ClassVar[type] = FedProxParams
     client_routine: ClassVar[str] = "fedprox"
+    straggler_replies: ClassVar[Literal["drop", "aggregate"] | None] = "aggregate"
 
     def __init__(self, proximal_mu: float = 0.01, **flower_options: Any) -> None:
         super().__init__(**flower_options)
