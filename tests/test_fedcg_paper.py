@@ -79,7 +79,8 @@ def test_kept_optimiser_state_continues_bit_identically() -> None:
     load_optimizer_tensors(resumed, saved, "task")
     steps(second, resumed, 3)
 
-    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), second.parameters()))
+    pairs = zip(whole.parameters(), second.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 def test_paper_split_validates_and_tests_on_disjoint_slices_of_the_test_set() -> None:

@@ -29,16 +29,22 @@ import pickle
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, RecordDict
 
 from fedsim.core.config import ClientConfig, first_line
 from fedsim.core.training import load_optimizer_tensors, optimizer_tensors
 
-if TYPE_CHECKING:
-    from fedsim.clients.base import ClientEnv
+
+class ClientEnv(Protocol):
+    """What of a client's world (:class:`fedsim.clients.base.ClientEnv`) its private state uses."""
+
+    partition_id: int
+    state: RecordDict
+    state_dir: Path | None
+
 
 Tensors = Mapping[str, torch.Tensor]
 STATE_KEY = "private-model"
