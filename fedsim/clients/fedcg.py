@@ -22,9 +22,12 @@ generator learns only through the discriminator.
 It uploads ``classifier.*`` (C_i after stage 1) and ``generator.*`` (G_i,
 BatchNorm buffers included); E_i and D_i stay private
 (:mod:`fedsim.clients.private_state`). Evaluation is FedSplit's personalised one.
-Both stages use the client config's optimiser settings (lr, weight decay);
-stage 2 runs ``fedcg-gan-steps`` minibatches when the config sets it, else as
-many as stage 1.
+Both stages use the client config's optimiser settings (lr, weight decay;
+under ``fedcg-protocol = "paper"`` the GAN Adams have none, as in the
+authors' code); with ``optimizer-state = "kept"`` all three Adams (stage 1,
+discriminator, generator) carry their state to the client's next round.
+Stage 2 runs ``fedcg-gan-steps`` minibatches when the config sets it, else as
+many as stage 1. Replies add stage 1's ``fedcg-ce-loss`` and ``fedcg-mse``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ stripped) and ``load_state_dict``.
 - Train and evaluate messages, ``arrays``: the global classifier C_g
   (``classifier.*``) and the global generator G_g (``generator.*``, its
   BatchNorm running statistics included). Train ``config`` adds the public
-  ``fedcg-gamma`` (this round's stage-1 weight), ``fedcg-diversity-weight``
-  and ``fedcg-gan-steps``.
+  ``fedcg-gamma`` (this round's stage-1 weight), ``fedcg-diversity-weight``,
+  ``fedcg-gan-steps`` and ``fedcg-protocol``.
 - Train replies, ``arrays``: the client's classifier C_i and generator G_i
   under the same names; ``metrics``: ``num-examples`` (the aggregation
   weight), ``train-loss``, ``gan-d-loss``, ``gan-g-loss``, ``partition-id``.
@@ -34,7 +34,12 @@ fresh seeded codes, held out from distillation), ``distill-kl-distilled``
 lowered that KL and replaced the average, else 0), ``distill-kl-after`` (the
 KL of the pair kept, never above ``distill-kl-before``) and
 ``distill-seconds``. See :func:`fedsim.strategies.distillation.distill_if_better`
-for why the distilled pair is not always kept.
+for why the distilled pair is not always kept. Under ``protocol = "paper"``
+(the authors' code) it always is, ``distill-kl-after`` may exceed
+``-before``, and the server's Adam state carries over rounds and checkpoints.
+``fedcg-gamma``: the round's stage-1 weight. The clients' train replies add
+``fedcg-ce-loss`` and ``fedcg-mse`` (stage 1's terms, the MSE before gamma)
+and ``local-val-acc`` / ``local-test-acc`` (their model right after training).
 """
 
 from __future__ import annotations
