@@ -308,12 +308,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "paper-tables")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--protocol", choices=PROTOCOLS, default="paper")
+    parser.add_argument(
+        "--rows", nargs="+", metavar="LABEL", help="run only these rows (e.g. FedCG FedSplit)"
+    )
     args = parser.parse_args()
     try:
         budget = Budget.of(args.budget)
         overrides = apply_overrides({}, args.overrides)
         spec, base = sweep_spec(budget, tuple(args.seeds), overrides, args.protocol)
         configs = configurations(spec, base)
+        if args.rows:
+            labels = sorted({c.label for c in configs})
+            unknown = sorted(set(args.rows) - set(labels))
+            if unknown:
+                raise ScenarioError("--rows", unknown, f"allowed: {', '.join(labels)}")
+            configs = [c for c in configs if c.label in args.rows]
     except ScenarioError as err:
         raise SystemExit(f"error: {err}") from None
     outcome = run_sweep(spec, configs, args.out, Console(soft_wrap=True))
