@@ -173,8 +173,13 @@ def main() -> None:
     limit = 60 * args.minutes
     best = None
     print("\n| budget | rounds x epochs | sweep estimate (min) |\n|---|---|---|")
-    for fraction in (0.0005, 0.001, 0.0015, 0.002, 0.0025, 0.003, 0.004, 0.005, 0.0075, 0.01):
-        budget = Budget.of(fraction)
+    seen: set[tuple[int, int]] = set()
+    for step in range(1, 41):  # 0.0005 to 0.02: each distinct rounds x epochs once
+        budget = Budget.of(step * 0.0005)
+        fraction = budget.fraction
+        if (budget.rounds, budget.epochs) in seen:
+            continue
+        seen.add((budget.rounds, budget.epochs))
         seconds = sweep_seconds(budget, costs, overheads, args.cores, args.seeds)
         print(f"| {fraction:g} | {budget.rounds} x {budget.epochs} | {seconds / 60:.1f} |")
         if seconds <= limit:
