@@ -130,14 +130,14 @@ def test_paper_round_one_is_a_warm_up_and_optimisers_carry_over() -> None:
     assert float(run.strategy.distill_state["distill-optimizer.0.step"]) == 8.0
 
 
-@pytest.mark.slow(reason="two 3-round in-process federations of 2 clients")
+@pytest.mark.slow(reason="two 3-round in-process federations of 2 clients, 10 epochs a round")
 def test_paper_fedcg_cross_entropy_keeps_pace_with_fedsplit() -> None:
     # The plateau lock (issue 25): with gamma compressed to ~1 by round 2 FedCG's
     # clients sat at chance (2.31-2.35) while FedSplit's learned. Under the code's
     # schedule gamma is 0.20 in round 3, and the cross-entropy must follow FedSplit's.
     federation = {"rounds": 3, "num-clients": 2}
     data = {"samples-per-client": 400}
-    client = {"local-epochs": 2}
+    client = {"local-epochs": 10}  # 500 steps a round: FedSplit leaves chance by round 3
     strategy = FEDCG_PAPER | {"distill-iterations": 200}
     fedcg = run_inprocess(
         scenario_from_dict(paper_table(strategy, federation=federation, data=data, client=client))
@@ -149,5 +149,6 @@ def test_paper_fedcg_cross_entropy_keeps_pace_with_fedsplit() -> None:
     )
     fedcg_ce = fedcg.records[2].train[protocol.FEDCG_CE]
     fedsplit_ce = fedsplit.records[2].train[protocol.TRAIN_LOSS]
-    assert fedsplit_ce < 0.9 * math.log(10)  # FedSplit has left chance: the comparison bites
-    assert abs(fedcg_ce - fedsplit_ce) <= 0.1 * fedsplit_ce
+    seen = f"round-3 cross-entropy: FedCG {fedcg_ce:.4f}, FedSplit {fedsplit_ce:.4f}"
+    assert fedsplit_ce < 0.9 * math.log(10), seen  # FedSplit has left chance: the test bites
+    assert abs(fedcg_ce - fedsplit_ce) <= 0.1 * fedsplit_ce, seen
