@@ -1,7 +1,7 @@
 """The fidelity residual: each attack's model of the client against real client training.
 
 Every observation here comes from the clients' own training code
-(``train_local``, FedProx's ``proximal_loss``, FedCG's ``task_loss``) on real
+(``train_local``, FedProx's ``proximal_loss``, FedCG's ``TaskLoss``) on real
 MNIST digits; the residual feeds the true batch through the attack's model.
 """
 
@@ -20,7 +20,7 @@ from fedsim.attacks import resolve_attack
 from fedsim.attacks.base import Observation
 from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.audit.fidelity import MATCHED, fidelity_residual, residual_note
-from fedsim.clients.fedcg import task_loss
+from fedsim.clients.fedcg import TaskLoss
 from fedsim.clients.fedprox import proximal_loss
 from fedsim.core import protocol
 from fedsim.core.config import (
@@ -157,7 +157,7 @@ def test_fedcg_classifier_upload_is_exact_with_the_clients_extractor() -> None:
     def fedcg_loss(model: SplitNet) -> LossFn:
         # FedCG stage 1: CE plus gamma * MSE(E(x), G(z, y)); the second term
         # does not reach the classifier, whose upload the server sees.
-        return task_loss(model, generator, gamma=1.0)
+        return TaskLoss(model, generator, gamma=1.0)
 
     full, truth = _update(ClientConfig(batch_size=2, lr=0.1), count=2, loss_fn=fedcg_loss)
     uploads = {f"{protocol.GENERATOR}{k}": v for k, v in generator.state_dict().items()}

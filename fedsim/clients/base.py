@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from fedsim.clients.private_state import KeptOptimizers
 from fedsim.core import protocol
 from fedsim.core.config import Scenario
 from fedsim.core.data import DatasetBundle
@@ -21,6 +23,7 @@ from fedsim.core.training import (
     client_config_from_record,
     cross_entropy_loss,
     evaluate,
+    make_optimizer,
     train_local,
 )
 
@@ -63,7 +66,18 @@ class ClientEnv:
 
     @property
     def test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.from_numpy(self.split.test)
+        """The local test split (from the training or the test tensors, as the split says)."""
+        return self._held_out(self.split.test)
+
+    @property
+    def val_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local validation split (empty unless ``data.local-eval-source = "test"``)."""
+        return self._held_out(self.split.val)
+
+    def _held_out(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(indices)
+        if self.split.from_test_set:
+            return self.bundle.test_images[idx], self.bundle.test_labels[idx]
         return self.bundle.train_images[idx], self.bundle.train_labels[idx]
 
     @property
@@ -100,6 +114,7 @@ class ClientRoutine:
         images, labels = env.train_data
         cfg = client_config_from_record(config)
         server_round = protocol.read_int(config, protocol.SERVER_ROUND)
+        optimizers = KeptOptimizers(env, cfg)
         stats = train_local(
             model,
             images,
@@ -107,9 +122,24 @@ class ClientRoutine:
             cfg,
             env.seed(server_round),
             loss_fn=self.loss(model, config),
+            optimizer=optimizers.make("task", make_optimizer(model.parameters(), cfg)),
         )
+        optimizers.save(server_round)
         reply = self.reply_arrays(env, model, server_round)
-        return reply, {protocol.TRAIN_LOSS: stats.mean_loss, protocol.NUM_EXAMPLES: stats.examples}
+        metrics = {protocol.TRAIN_LOSS: stats.mean_loss, protocol.NUM_EXAMPLES: stats.examples}
+        return reply, metrics | self.evaluate_trained(env, model)
+
+    def evaluate_trained(self, env: ClientEnv, model: SplitNet) -> dict[str, float]:
+        """The FedCG code's evaluation: ``model`` as local training left it, before any
+        aggregation, on the local validation (when there is one) and test splits."""
+        metrics = {}
+        for key, (images, labels) in (
+            (protocol.LOCAL_VAL_ACC, env.val_data),
+            (protocol.LOCAL_TEST_ACC, env.test_data),
+        ):
+            if len(labels):
+                metrics[key] = evaluate(model, images, labels)[1]
+        return metrics
 
     def build(self, env: ClientEnv, arrays: ArrayRecord) -> SplitNet:
         """The network to train or evaluate, loaded with the received ``arrays``."""

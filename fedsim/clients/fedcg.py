@@ -22,9 +22,12 @@ generator learns only through the discriminator.
 It uploads ``classifier.*`` (C_i after stage 1) and ``generator.*`` (G_i,
 BatchNorm buffers included); E_i and D_i stay private
 (:mod:`fedsim.clients.private_state`). Evaluation is FedSplit's personalised one.
-Both stages use the client config's optimiser settings (lr, weight decay);
-stage 2 runs ``fedcg-gan-steps`` minibatches when the config sets it, else as
-many as stage 1.
+Both stages use the client config's optimiser settings (lr, weight decay;
+under ``fedcg-protocol = "paper"`` the GAN Adams have none, as in the
+authors' code); with ``optimizer-state = "kept"`` all three Adams (stage 1,
+discriminator, generator) carry their state to the client's next round.
+Stage 2 runs ``fedcg-gan-steps`` minibatches when the config sets it, else as
+many as stage 1. Replies add stage 1's ``fedcg-ce-loss`` and ``fedcg-mse``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import DPTraining
 from fedsim.clients.fedsplit import FedSplitClient
+from fedsim.clients.private_state import KeptOptimizers
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig
 from fedsim.core.gan import ConditionalGenerator, GanSplitNet, build_gan_split_net
@@ -51,25 +55,44 @@ from fedsim.core.models import SplitNet
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import (
     TRAINING_HOOK,
-    LossFn,
+    augment_batch,
     batch_indices,
     client_config_from_record,
+    make_optimizer,
     train_local,
 )
 
 
-def task_loss(net: SplitNet, global_generator: ConditionalGenerator, gamma: float) -> LossFn:
-    """Stage 1 for ``net``: ``CE(C(E(x)), y) + gamma * MSE(E(x), G_g(z, y))``, G_g frozen."""
+class TaskLoss:
+    """Stage 1 for ``net``: ``CE(C(E(x)), y) + gamma * MSE(E(x), G_g(z, y))``, G_g frozen.
 
-    def loss(_: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        features = net.extractor(images)
-        ce = F.cross_entropy(net.classifier(features), labels)
-        z = torch.randn(len(labels), global_generator.noise_dim, device=images.device)
+    A :data:`~fedsim.core.training.LossFn` that also sums its two terms (the MSE
+    before ``gamma``), so a round's report can show which one moved.
+    """
+
+    def __init__(self, net: SplitNet, global_generator: ConditionalGenerator, gamma: float):
+        self.net, self.global_generator, self.gamma = net, global_generator, gamma
+        self.ce_total, self.mse_total, self.steps = 0.0, 0.0, 0
+
+    def __call__(self, _: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        features = self.net.extractor(images)
+        ce = F.cross_entropy(self.net.classifier(features), labels)
+        z = torch.randn(len(labels), self.global_generator.noise_dim, device=images.device)
         with torch.no_grad():
-            target = global_generator(z, labels)
-        return ce + gamma * F.mse_loss(features, target)
+            target = self.global_generator(z, labels)
+        mse = F.mse_loss(features, target)
+        self.ce_total += float(ce.detach())
+        self.mse_total += float(mse.detach())
+        self.steps += 1
+        return ce + self.gamma * mse
 
-    return loss
+    def means(self) -> dict[str, float]:
+        """Mean cross-entropy and mean (unweighted) MSE over the steps taken."""
+        steps = max(1, self.steps)
+        return {
+            protocol.FEDCG_CE: self.ce_total / steps,
+            protocol.FEDCG_MSE: self.mse_total / steps,
+        }
 
 
 @dataclass(frozen=True)
@@ -106,6 +129,17 @@ def example_loss(
     return discriminator_loss(discriminator, real[one], fake[one], y[one])
 
 
+def gan_optimizers(
+    net: GanSplitNet, cfg: ClientConfig, weight_decay: float
+) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """Fresh Adams (betas (0.5, 0.999)) for the discriminator and the generator."""
+    opt_d, opt_g = (
+        torch.optim.Adam(m.parameters(), cfg.lr, betas=(0.5, 0.999), weight_decay=weight_decay)
+        for m in (net.discriminator, net.generator)
+    )
+    return opt_d, opt_g
+
+
 def train_gan(
     net: GanSplitNet,
     images: torch.Tensor,
@@ -113,21 +147,22 @@ def train_gan(
     cfg: ClientConfig,
     seed: int,
     diversity_weight: float,
+    optimizers: tuple[torch.optim.Optimizer, torch.optim.Optimizer] | None = None,
 ) -> GanStats:
     """Stage 2: the conditional GAN on the frozen extractor's features.
 
-    Under DP-SGD (a :class:`~fedsim.clients.defences.DPTraining` training hook)
-    each discriminator step is a private one.
+    ``optimizers``: the discriminator's and the generator's (default: fresh
+    :func:`gan_optimizers` with the config's weight decay). Training images
+    get the config's augmentation, as in stage 1. Under DP-SGD (a
+    :class:`~fedsim.clients.defences.DPTraining` training hook) each
+    discriminator step is a private one.
     """
     hook = TRAINING_HOOK.get()
     private = hook if isinstance(hook, DPTraining) else None
     device = next(net.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    opt_d, opt_g = (
-        torch.optim.Adam(m.parameters(), cfg.lr, betas=(0.5, 0.999), weight_decay=cfg.weight_decay)
-        for m in (net.discriminator, net.generator)
-    )
+    opt_d, opt_g = optimizers or gan_optimizers(net, cfg, cfg.weight_decay)
     net.extractor.eval()
     net.generator.train()
     net.discriminator.train()
@@ -137,7 +172,7 @@ def train_gan(
                 layer.eval()
     d_total, g_total, steps = 0.0, 0.0, 0
     for idx in batch_indices(len(labels), cfg, generator):
-        x, y = images[idx].to(device), labels[idx].to(device)
+        x, y = augment_batch(images[idx].to(device), cfg, generator), labels[idx].to(device)
         with torch.no_grad():
             real = net.extractor(x)
         z = torch.randn(len(y), net.generator.noise_dim, device=device)
@@ -191,19 +226,23 @@ class FedCGClient(FedSplitClient):
         cfg = client_config_from_record(config)
         server_round = protocol.read_int(config, protocol.SERVER_ROUND)
         global_generator = copy.deepcopy(net.generator).eval().requires_grad_(False)
+        task = TaskLoss(net, global_generator, protocol.read_float(config, protocol.FEDCG_GAMMA))
+        stage1 = [*net.extractor.parameters(), *net.classifier.parameters()]
+        optimizers = KeptOptimizers(env, cfg)
         stats = train_local(
             net,
             images,
             labels,
             cfg,
             env.seed(server_round),
-            loss_fn=task_loss(
-                net, global_generator, protocol.read_float(config, protocol.FEDCG_GAMMA)
-            ),
-            parameters=[*net.extractor.parameters(), *net.classifier.parameters()],
+            loss_fn=task,
+            optimizer=optimizers.make("task", make_optimizer(stage1, cfg)),
         )
         gan_steps = int(config.get(protocol.FEDCG_GAN_STEPS, 0))  # type: ignore[arg-type]
         gan_cfg = dataclasses.replace(cfg, local_steps=gan_steps) if gan_steps else cfg
+        # The FedCG code's GAN Adams have no weight decay; fedsim's took the client's.
+        paper = config.get(protocol.FEDCG_PROTOCOL, "fedsim") == "paper"
+        opt_d, opt_g = gan_optimizers(net, cfg, 0.0 if paper else cfg.weight_decay)
         gan = train_gan(
             net,
             images,
@@ -213,11 +252,15 @@ class FedCGClient(FedSplitClient):
                 SeedStream.FEDCG_GAN, env.scenario.federation.seed, server_round, env.partition_id
             ),
             protocol.read_float(config, protocol.FEDCG_DIVERSITY),
+            (optimizers.make("discriminator", opt_d), optimizers.make("generator", opt_g)),
         )
+        optimizers.save(server_round)
         metrics = {
             protocol.TRAIN_LOSS: stats.mean_loss,
+            **task.means(),
             protocol.GAN_D_LOSS: gan.d_loss,
             protocol.GAN_G_LOSS: gan.g_loss,
             protocol.NUM_EXAMPLES: stats.examples,
+            **self.evaluate_trained(env, net),
         }
         return self.reply_arrays(env, net, server_round), metrics

@@ -309,15 +309,28 @@ class DataConfig:
     image_size: int = 32
     channels: Literal["native", "gray", "rgb"] = "native"
     normalize: bool = False
+    # What ``normalize`` standardises with: the training set's per-channel mean and
+    # std ("dataset"), or mean 0.5 and std 0.5 (the FedCG code's ``Normalize(0.5, 0.5)``).
+    normalization: Literal["dataset", "half"] = "dataset"
     partitioner: ComponentConfig = ComponentConfig("iid")
     # A generated dataset's parameters (``data.generator``, a table); ``name`` repeats
     # ``dataset``. Real datasets take none.
     generator: ComponentConfig = ComponentConfig("")
     samples_per_client: int = 0
     test_fraction: float = 0.2
+    # Where a client's local evaluation data come from: ``test-fraction`` of its own
+    # examples ("train"), or a validation and a test slice of the dataset's held-out
+    # test set, each 1 / (2 clients) of it ("test"; the FedCG code's split).
+    local_eval_source: Literal["train", "test"] = "train"
 
     def __post_init__(self) -> None:
         require_image_size(self.image_size, "image-size")
+        require(
+            self.local_eval_source == "train" or self.test_fraction == 0,
+            "test-fraction",
+            self.test_fraction,
+            'must be 0 when local-eval-source = "test" (evaluation data come from the test set)',
+        )
         require(
             self.samples_per_client >= 0,
             "samples-per-client",
@@ -351,6 +364,11 @@ class ClientConfig:
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
+    # "fresh": a new optimiser every round; "kept": each client's optimiser state
+    # (Adam's moments and step) carries over to its next round, privately.
+    optimizer_state: Literal["fresh", "kept"] = "fresh"
+    # "hflip": each training example is mirrored left-right with probability 1/2.
+    augment: Literal["none", "hflip"] = "none"
 
     def __post_init__(self) -> None:
         require(self.local_epochs >= 1, "local-epochs", self.local_epochs, "must be >= 1")

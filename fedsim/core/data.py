@@ -349,10 +349,13 @@ def _load_cached(cfg_key: DataConfig) -> DatasetBundle:
     channels = int(train.shape[1])
     norm = Normalization.identity(channels)
     if cfg_key.normalize:
-        norm = Normalization(
-            tuple(float(v) for v in train.mean(dim=(0, 2, 3))),
-            tuple(float(v) for v in train.std(dim=(0, 2, 3))),
-        )
+        if cfg_key.normalization == "half":
+            norm = Normalization((0.5,) * channels, (0.5,) * channels)
+        else:
+            norm = Normalization(
+                tuple(float(v) for v in train.mean(dim=(0, 2, 3))),
+                tuple(float(v) for v in train.std(dim=(0, 2, 3))),
+            )
         train, test = norm.to_model(train), norm.to_model(test)
     return DatasetBundle(
         name=cfg_key.dataset,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -151,10 +151,13 @@ for _cls_name, _described in SUPPORTED.items():
 
 @dataclass(frozen=True)
 class ClientSplit:
-    """One client's indices into the shared training tensors."""
+    """One client's indices: ``train`` into the shared training tensors; ``test`` and ``val``
+    into the training tensors too, or into the held-out test tensors when ``from_test_set``."""
 
     train: np.ndarray
     test: np.ndarray
+    val: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    from_test_set: bool = False
 
 
 @functools.lru_cache(maxsize=4)
@@ -181,7 +184,29 @@ def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[Cli
             local = local[: cfg.samples_per_client]
         num_test = local_test_count(cfg, len(local))
         splits.append(ClientSplit(train=np.sort(local[num_test:]), test=np.sort(local[:num_test])))
+    if cfg.local_eval_source == "test":
+        held_out = len(load_dataset(cfg).test_labels)
+        return tuple(
+            replace(s, **test_set_slices(held_out, num_clients, seed, c), from_test_set=True)
+            for c, s in enumerate(splits)
+        )
     return tuple(splits)
+
+
+def test_set_slices(
+    held_out: int, num_clients: int, seed: int, client: int
+) -> dict[str, np.ndarray]:
+    """``local-eval-source = "test"``: client ``client``'s validation and test indices.
+
+    The FedCG code's split: the test set shuffled once, cut into ``2 * num_clients``
+    slices of ``held_out // (2 * num_clients)``; client ``i`` validates on slice ``i``
+    and tests on slice ``i + num_clients``.
+    """
+    size = held_out // (2 * num_clients)
+    order = stream_rng(SeedStream.TEST_SPLIT, seed).permutation(held_out)
+    val = order[size * client : size * (client + 1)]
+    test = order[size * (client + num_clients) : size * (client + num_clients + 1)]
+    return {"val": np.sort(val), "test": np.sort(test)}
 
 
 def client_size(cfg: DataConfig, client: int) -> int:

@@ -33,6 +33,7 @@ PROXIMAL_MU = "proximal-mu"  # FedProx: the client adds (mu/2)||w - w_global||^2
 FEDCG_GAMMA = "fedcg-gamma"  # FedCG stage 1: weight of the feature-matching term
 FEDCG_DIVERSITY = "fedcg-diversity-weight"  # FedCG stage 2: diversity loss weight
 FEDCG_GAN_STEPS = "fedcg-gan-steps"  # FedCG stage 2: minibatches (0 = as stage 1)
+FEDCG_PROTOCOL = "fedcg-protocol"  # "fedsim" or "paper" (the FedCG code's GAN optimisers)
 FAILURE = "fedsim.failure"  # a ConfigRecord marking an injected failure (engine.failures)
 # Stragglers (federation.stragglers): the server sends a straggler ``straggler = 1`` and
 # its smaller ``local-epochs`` (the client config's own key); every train reply echoes both.
@@ -47,6 +48,12 @@ EVAL_ACC = "eval-acc"
 DP_EPSILON = "dp-epsilon"  # DP-SGD's epsilon spent so far
 GAN_D_LOSS = "gan-d-loss"
 GAN_G_LOSS = "gan-g-loss"
+FEDCG_CE = "fedcg-ce-loss"  # FedCG stage 1: mean cross-entropy term
+FEDCG_MSE = "fedcg-mse"  # FedCG stage 1: mean MSE(E(x), G_g(z, y)), before gamma
+# The FedCG code's evaluation: the client's model right after local training (own
+# extractor and own classifier), on its local validation and test splits.
+LOCAL_VAL_ACC = "local-val-acc"
+LOCAL_TEST_ACC = "local-test-acc"
 
 # -- parameter-name prefixes: what a split model shares -------------------------
 EXTRACTOR = "extractor."

@@ -38,6 +38,7 @@ class SeedStream(enum.Enum):
     PRIVATE_INIT = ("private-init", Party.FEDERATION, ("seed", "partition"))
     PARTITION = ("partition", Party.FEDERATION, ("seed",))
     LOCAL_SPLIT = ("local-split", Party.FEDERATION, ("seed", "partition"))
+    TEST_SPLIT = ("test-split", Party.FEDERATION, ("seed",))
     SAMPLE_TRAIN = ("sample-train", Party.FEDERATION, ("seed", "round"))
     SAMPLE_EVALUATE = ("sample-evaluate", Party.FEDERATION, ("seed", "round"))
     FAILURES = ("failures", Party.FEDERATION, ("seed", "round"))

@@ -65,6 +65,44 @@ def make_optimizer(params: Any, cfg: ClientConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str) -> dict[str, torch.Tensor]:
+    """``optimizer``'s per-parameter state as flat tensors ``<prefix>.<param>.<field>``.
+
+    What a kept optimiser carries to the next round (Adam: ``step``, ``exp_avg``,
+    ``exp_avg_sq``); the hyper-parameters come from the config each round.
+    """
+    out = {}
+    for index, fields_ in optimizer.state_dict()["state"].items():
+        for name, value in fields_.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            out[f"{prefix}.{index}.{name}"] = tensor.detach().cpu().clone()
+    return out
+
+
+def load_optimizer_tensors(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], prefix: str
+) -> None:
+    """Give ``optimizer`` (built over the same parameters) the state :func:`optimizer_tensors`
+    took under ``prefix``; nothing to load leaves it fresh."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        head, _, name = key.rpartition(".")
+        owner, _, index = head.rpartition(".")
+        if owner == prefix:
+            state.setdefault(int(index), {})[name] = tensor
+    if state:
+        param_groups = optimizer.state_dict()["param_groups"]
+        optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+
+
+def augment_batch(x: torch.Tensor, cfg: ClientConfig, generator: torch.Generator) -> torch.Tensor:
+    """The config's augmentation of one training batch (``hflip``: mirror each with p = 1/2)."""
+    if cfg.augment == "none":
+        return x
+    flip = (torch.rand(len(x), generator=generator) < 0.5).to(x.device)
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
 def batch_indices(
     num_examples: int, cfg: ClientConfig, generator: torch.Generator
 ) -> Iterator[torch.Tensor]:
@@ -115,22 +153,28 @@ def train_local(
     seed: int,
     loss_fn: LossFn = cross_entropy_loss,
     parameters: Any = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainStats:
     """Train ``model`` in place on ``(images, labels)`` as ``cfg`` says.
 
-    ``parameters`` restricts what is optimised (default: all of the model's).
+    ``parameters`` restricts what is optimised (default: all of the model's);
+    ``optimizer``: one over those parameters whose state carries over from
+    earlier rounds (default: a fresh one of the config's).
     """
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    optimizer = make_optimizer(parameters if parameters is not None else model.parameters(), cfg)
+    if optimizer is None:
+        optimizer = make_optimizer(
+            parameters if parameters is not None else model.parameters(), cfg
+        )
     hook = TRAINING_HOOK.get()
     if hook is not None:
         optimizer = hook.attach(model, optimizer, cfg, len(labels))
     model.train()
     total, steps = 0.0, 0
     for idx in batch_indices(len(labels), cfg, generator):
-        x, y = images[idx].to(device), labels[idx].to(device)
+        x, y = augment_batch(images[idx].to(device), cfg, generator), labels[idx].to(device)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model, x, y)
         loss.backward()

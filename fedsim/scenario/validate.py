@@ -423,6 +423,13 @@ def check_partition(scenario: Scenario) -> None:
             f"leaves client {client} no training examples (it holds {held}); lower it",
         )
         require(
+            len(split.test) > 0 or not split.from_test_set,
+            "data.local-eval-source",
+            data.local_eval_source,
+            f"the test set is too small to give each of {fed.num_clients} clients a "
+            "validation and a test slice; use fewer clients",
+        )
+        require(
             len(split.test) > 0 or data.test_fraction == 0,
             "data.test-fraction",
             data.test_fraction,

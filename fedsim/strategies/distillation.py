@@ -4,10 +4,12 @@ Codes ``(z, y)``, ``y ~ U{0..c-1}`` and ``z ~ N(0, 1)``, replace data. The
 teacher is the data-weighted ensemble of the clients' pairs,
 ``p = softmax(sum_i w_i C_i(G_i(z, y)))``; the student is the global pair,
 ``q = log_softmax(C_g(G_g(z, y)))``; Adam minimises ``KL(p || q)`` over the
-student's generator and classifier. Every network runs in eval mode: the
-generators' BatchNorm layers use their running statistics, as clients use
-the global generator in stage 1 (and as the audit would), and distillation
-leaves those statistics as the weighted average set them.
+student's generator and classifier. By default every network runs in eval
+mode: the generators' BatchNorm layers use their running statistics, as
+clients use the global generator in stage 1 (and as the audit would), and
+distillation leaves those statistics as the weighted average set them. The
+FedCG code trains the student in train mode instead (``train_mode``; its
+``protocol = "paper"``), without the gate below.
 
 The server keeps the distilled pair only when it lowers the KL on held-out
 codes (:func:`distill_if_better`): the student starts at the weighted
@@ -83,16 +85,17 @@ class DistillOutcome:
 
     kl_before: float
     kl_distilled: float
+    always_kept: bool = False  # no gate: the distilled pair replaces the average regardless
 
     @property
     def accepted(self) -> bool:
         """Whether the distilled pair replaced the averaged one."""
-        return self.kl_distilled < self.kl_before
+        return self.always_kept or self.kl_distilled < self.kl_before
 
     @property
     def kl_after(self) -> float:
         """The KL of the pair kept."""
-        return min(self.kl_before, self.kl_distilled)
+        return self.kl_distilled if self.accepted else self.kl_before
 
 
 def distill_if_better(
@@ -123,15 +126,18 @@ def distill(
     lr: float,
     seed: int,
     optimizer: torch.optim.Optimizer | None = None,
+    train_mode: bool = False,
 ) -> float:
     """Train ``student``'s generator and classifier in place; return the mean KL.
 
     ``optimizer``: an Adam over the student's generator and classifier whose
     state carries over from earlier rounds (``bench/fedcg_distillation.py
     --compare`` measures that against a fresh Adam behind the gate); default: a
-    fresh Adam at ``lr``.
+    fresh Adam at ``lr``. ``train_mode``: the student in train mode, as the
+    FedCG code runs it (its generator's BatchNorm normalises by each batch of
+    codes and moves its running statistics); default: eval mode.
     """
-    student.eval()
+    student.train(train_mode)
     params = [*student.generator.parameters(), *student.classifier.parameters()]
     optimizer = optimizer or torch.optim.Adam(params, lr=lr)
     generator = torch.Generator().manual_seed(seed)
@@ -143,4 +149,5 @@ def distill(
         loss.backward()
         optimizer.step()
         total += float(loss.detach())
+    student.eval()
     return total / max(1, iterations)

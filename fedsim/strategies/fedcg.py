@@ -16,8 +16,8 @@ stripped) and ``load_state_dict``.
 - Train and evaluate messages, ``arrays``: the global classifier C_g
   (``classifier.*``) and the global generator G_g (``generator.*``, its
   BatchNorm running statistics included). Train ``config`` adds the public
-  ``fedcg-gamma`` (this round's stage-1 weight), ``fedcg-diversity-weight``
-  and ``fedcg-gan-steps``.
+  ``fedcg-gamma`` (this round's stage-1 weight), ``fedcg-diversity-weight``,
+  ``fedcg-gan-steps`` and ``fedcg-protocol``.
 - Train replies, ``arrays``: the client's classifier C_i and generator G_i
   under the same names; ``metrics``: ``num-examples`` (the aggregation
   weight), ``train-loss``, ``gan-d-loss``, ``gan-g-loss``, ``partition-id``.
@@ -34,7 +34,12 @@ fresh seeded codes, held out from distillation), ``distill-kl-distilled``
 lowered that KL and replaced the average, else 0), ``distill-kl-after`` (the
 KL of the pair kept, never above ``distill-kl-before``) and
 ``distill-seconds``. See :func:`fedsim.strategies.distillation.distill_if_better`
-for why the distilled pair is not always kept.
+for why the distilled pair is not always kept. Under ``protocol = "paper"``
+(the authors' code) it always is, ``distill-kl-after`` may exceed
+``-before``, and the server's Adam state carries over rounds and checkpoints.
+``fedcg-gamma``: the round's stage-1 weight. The clients' train replies add
+``fedcg-ce-loss`` and ``fedcg-mse`` (stage 1's terms, the MSE before gamma)
+and ``local-val-acc`` / ``local-test-acc`` (their model right after training).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -54,11 +59,20 @@ from fedsim.core.config import Scenario, ScenarioError, require
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, feature_shape
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
-from fedsim.strategies.distillation import Teacher, distill_if_better, sample_codes
+from fedsim.core.training import load_optimizer_tensors, optimizer_tensors
+from fedsim.strategies.distillation import (
+    DistillOutcome,
+    Teacher,
+    distill,
+    distill_if_better,
+    sample_codes,
+    teacher_student_kl,
+)
 from fedsim.strategies.fedsplit import FedSplit
 from fedsim.strategies.registry import STRATEGIES
 
 PROBE_CODES = 256
+DISTILL_STATE = "distill-optimizer"  # the checkpoint's key for the kept server Adam
 
 
 def gamma_schedule(server_round: int, ramp_rounds: int) -> float:
@@ -81,7 +95,12 @@ class FedCGParams:
     ``distill-lr``: its Adam learning rate. ``gamma-ramp-rounds``: rounds for
     gamma to reach 1. ``diversity-weight``: weight of the clients' diversity
     loss (0 = off). ``gan-steps``: minibatches of the clients' GAN stage
-    (0 = as many as stage 1, as in the paper).
+    (0 = as many as stage 1, as in the paper). ``protocol``: ``"fedsim"``
+    distils a fresh Adam's student in eval mode and keeps the result only when
+    it lowers the KL on held-out codes, clients' GAN Adams take the client's
+    weight decay; ``"paper"`` runs it as the FedCG code does: one server Adam
+    kept across rounds (and in checkpoints), the student in train mode, no
+    gate, GAN Adams without weight decay.
     """
 
     distill_iterations: int = 2000
@@ -90,8 +109,15 @@ class FedCGParams:
     gamma_ramp_rounds: int = 50
     diversity_weight: float = 0.2
     gan_steps: int = 0
+    protocol: Literal["fedsim", "paper"] = "fedsim"
 
     def __post_init__(self) -> None:
+        require(
+            self.protocol in ("fedsim", "paper"),
+            "protocol",
+            self.protocol,
+            'allowed: "fedsim", "paper"',
+        )
         require(
             self.distill_iterations >= 0,
             "distill-iterations",
@@ -130,6 +156,7 @@ class FedCG(FedSplit):
         gamma_ramp_rounds: int = 50,
         diversity_weight: float = 0.2,
         gan_steps: int = 0,
+        protocol: Literal["fedsim", "paper"] = "fedsim",
         *,
         network: Callable[[], GanSplitNet] | None = None,
         seed: int = 0,
@@ -147,9 +174,12 @@ class FedCG(FedSplit):
             gamma_ramp_rounds,
             diversity_weight,
             gan_steps,
+            protocol,
         )
         self.network_factory = network
         self.own_seed = seed
+        # protocol "paper": the server Adam's state, carried from round to round.
+        self.distill_state: dict[str, torch.Tensor] = {}
 
     @classmethod
     def check_scenario(cls, scenario: Scenario) -> None:
@@ -189,7 +219,15 @@ class FedCG(FedSplit):
         config[protocol.FEDCG_GAMMA] = gamma_schedule(server_round, self.params.gamma_ramp_rounds)
         config[protocol.FEDCG_DIVERSITY] = self.params.diversity_weight
         config[protocol.FEDCG_GAN_STEPS] = self.params.gan_steps
+        config[protocol.FEDCG_PROTOCOL] = self.params.protocol
         return super().configure_train(server_round, arrays, config, grid)
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        return super().state_for_checkpoint() | {DISTILL_STATE: dict(self.distill_state)}
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        super().restore_checkpoint_state(state)
+        self.distill_state = dict(state.get(DISTILL_STATE, {}))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -210,16 +248,21 @@ class FedCG(FedSplit):
         probe_seed = derive_seed(SeedStream.DISTILL_PROBE, seed, server_round)
         held_out = sample_codes(PROBE_CODES, student, torch.Generator().manual_seed(probe_seed))
         started = time.perf_counter()
-        outcome = distill_if_better(
-            student,
-            teachers,
-            held_out,
-            self.params.distill_iterations,
-            self.params.distill_batch_size,
-            self.params.distill_lr,
-            derive_seed(SeedStream.DISTILL, seed, server_round),
-        )
+        distill_seed = derive_seed(SeedStream.DISTILL, seed, server_round)
+        if self.params.protocol == "paper":
+            outcome = self.distill_kept_adam(student, teachers, held_out, distill_seed)
+        else:
+            outcome = distill_if_better(
+                student,
+                teachers,
+                held_out,
+                self.params.distill_iterations,
+                self.params.distill_batch_size,
+                self.params.distill_lr,
+                distill_seed,
+            )
         metrics[protocol.DISTILL_SECONDS] = time.perf_counter() - started
+        metrics[protocol.FEDCG_GAMMA] = gamma_schedule(server_round, self.params.gamma_ramp_rounds)
         metrics[protocol.DISTILL_KL_BEFORE] = outcome.kl_before
         metrics[protocol.DISTILL_KL_DISTILLED] = outcome.kl_distilled
         metrics[protocol.DISTILL_KL_AFTER] = outcome.kl_after
@@ -227,3 +270,31 @@ class FedCG(FedSplit):
         return ArrayRecord(
             protocol.keep_prefixed(student.state_dict(), self.shared_prefixes)
         ), metrics
+
+    def distill_kept_adam(
+        self,
+        student: GanSplitNet,
+        teachers: list[Teacher],
+        held_out: tuple[torch.Tensor, torch.Tensor],
+        seed: int,
+    ) -> DistillOutcome:
+        """The FedCG code's server step: the student in train mode, one Adam whose state
+        carries over rounds, the result always kept (the held-out KL is only reported)."""
+        z, y = held_out
+        before = teacher_student_kl(student, teachers, z, y)
+        params = [*student.generator.parameters(), *student.classifier.parameters()]
+        optimizer = torch.optim.Adam(params, lr=self.params.distill_lr)
+        load_optimizer_tensors(optimizer, self.distill_state, DISTILL_STATE)
+        distill(
+            student,
+            teachers,
+            self.params.distill_iterations,
+            self.params.distill_batch_size,
+            self.params.distill_lr,
+            seed,
+            optimizer=optimizer,
+            train_mode=True,
+        )
+        self.distill_state = optimizer_tensors(optimizer, DISTILL_STATE)
+        after = teacher_student_kl(student, teachers, z, y)
+        return DistillOutcome(before, after, always_kept=True)

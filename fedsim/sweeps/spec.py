@@ -14,7 +14,7 @@ Spec (TOML)::
     overrides = { federation.rounds = 5 }   # changes to the base for every configuration
     seeds = [0, 1]
     parallel = 1                 # runs at once; > 1: each run in its own process and Ray
-    accuracy = "auto"            # or "test-acc" / "client-eval-acc" for every row
+    accuracy = "auto"            # or "test-acc" / "client-eval-acc" / "best-val" for every row
     success-psnr = 20.0          # an attack succeeds at this PSNR (dB, peak 1) or above
 
     [[strategies]]               # default: the base's strategy
@@ -79,7 +79,7 @@ class CompareSpec:
     description: str = ""
     seeds: tuple[int, ...] = (0,)
     parallel: int = 1
-    accuracy: Literal["auto", "test-acc", "client-eval-acc"] = "auto"
+    accuracy: Literal["auto", "test-acc", "client-eval-acc", "best-val"] = "auto"
     success_psnr: float = DEFAULT_SUCCESS_PSNR
     overrides: dict[str, Any] = field(default_factory=dict)
     strategies: tuple[StrategyEntry, ...] = (StrategyEntry(),)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from fedsim.core import protocol
 from fedsim.core.protocol import AuditRecord
-from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE, read_wall_seconds
+from fedsim.outputs.run_folder import AUDIT_FILE, CLIENTS_FILE, METRICS_FILE, read_wall_seconds
 from fedsim.outputs.tables import (
     DEFAULT_SUCCESS_PSNR,
     comparison_table,
@@ -39,6 +39,25 @@ SCORES = ("accuracy", "psnr", "ssim", "label-acc", "epsilon")
 def _finite_mean(values: pd.Series) -> float:
     finite = values[np.isfinite(values.astype(float))]
     return float(finite.mean()) if len(finite) else math.nan
+
+
+BEST_VAL = "best-val"
+"""``accuracy = "best-val"``: the FedCG code's score (:func:`best_validation_accuracy`)."""
+
+
+def best_validation_accuracy(clients: pd.DataFrame) -> float:
+    """The FedCG code's score from a run's ``clients.csv``: each client's ``local-test-acc``
+    (its model right after local training) in its first round of highest
+    ``local-val-acc``, averaged over clients; NaN when no client reported both."""
+    columns = {protocol.LOCAL_VAL_ACC, protocol.LOCAL_TEST_ACC, protocol.PARTITION_ID}
+    if not columns <= set(clients.columns):
+        return math.nan
+    train = clients[clients[protocol.PHASE] == "train"].dropna(subset=sorted(columns))
+    best = [
+        float(rows[protocol.LOCAL_TEST_ACC].iloc[int(rows[protocol.LOCAL_VAL_ACC].argmax())])
+        for _, rows in train.sort_values(protocol.ROUND).groupby(protocol.PARTITION_ID)
+    ]
+    return float(np.mean(best)) if best else math.nan
 
 
 def run_results(
@@ -56,12 +75,16 @@ def run_results(
             protocol.TEST_ACC if math.isfinite(float(last.get(protocol.TEST_ACC, math.nan))) else ""
         )
         source = source or protocol.CLIENT_EVAL_ACC
+    if source == BEST_VAL:
+        score = best_validation_accuracy(pd.read_csv(run_dir / CLIENTS_FILE))
+    else:
+        score = float(last.get(source, math.nan))
     row: dict[str, Any] = {
         "configuration": config.label,
         "strategy": config.strategy,
         "defence": config.defence,
         "seed": config.seed,
-        "accuracy": float(last.get(source, math.nan)),
+        "accuracy": score,
         "accuracy-from": source,
         "epsilon": float(last.get(protocol.DP_EPSILON, math.nan)),
         "rounds": len(metrics),
