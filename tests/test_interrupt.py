@@ -26,9 +26,11 @@ from fedsim.simulation.procfs import descendants, proc_stat
 from fedsim.simulation.resume import open_resume
 
 # Many short rounds: the run is still going whenever the test signals it.
+# Long enough that no run finishes before the test interrupts it: rounds of one local step
+# take well under a second, and a sweep whose runs all finished exits 0 (seen in CI at 40).
 LONG = {
     "name": "long",
-    "federation": {"num-clients": 2, "clients-per-round": 2, "rounds": 40, "seed": 0},
+    "federation": {"num-clients": 2, "clients-per-round": 2, "rounds": 400, "seed": 0},
     "data": {"dataset": "mnist-embedded", "samples-per-client": 40},
     "model": {"name": "lenet5-split"},
     "client": {"local-steps": 1, "batch-size": 8},
