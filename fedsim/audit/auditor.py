@@ -311,7 +311,7 @@ class Auditor:
             for victim, rec in zip(job.victims, recs, strict=True):
                 self._record(job, victim, rec, share)
                 recorded = True
-        if recorded:  # once per batch of records: the verdicts are recomputed over every row
+        if recorded:  # once per batch of records, not per record
             with self._lock:
                 self._write_rows()
 
