@@ -27,8 +27,11 @@ import torch
 from rich.console import Console
 
 from fedsim.attacks.precision import attack_precision
+from fedsim.attacks.registry import ATTACKS
 from fedsim.audit.auditor import AUDIT_FILE
+from fedsim.audit.tasks import reserved_workers
 from fedsim.cli import main
+from fedsim.core.components import Resolved
 from fedsim.core.config import ScenarioError, load_scenario
 from fedsim.core.devices import TEST_LOGICAL_GPUS_ENV
 from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
@@ -77,7 +80,7 @@ def test_quarter_gpu_clients_leave_the_audit_its_half() -> None:
     # Flower alone would start 4 actors x 0.25 GPU and starve a 0.5 GPU attack.
     scenario = _scenario("backend.num-gpus=0.25", "audit.num-gpus=0.5")
 
-    plan = plan_resources(scenario, ONE_GPU, "a node")
+    plan = plan_resources(scenario, ONE_GPU, "a node", scenario.audit.workers)
 
     assert plan.actors == 2
     assert plan.actors * plan.actor_gpus + plan.audit_workers * plan.audit_gpus <= 1.0
@@ -88,10 +91,25 @@ def test_cpu_reservation_comes_out_of_a_clusters_cpus() -> None:
     scenario = _scenario("audit.workers=2", "audit.threads-per-attack=2")
     nodes = [NodeResources("a", 4.0, 0.0), NodeResources("b", 4.0, 0.0, "node:10.0.0.2")]
 
-    plan = plan_resources(scenario, nodes, "the cluster")
+    plan = plan_resources(scenario, nodes, "the cluster", scenario.audit.workers)
 
     assert plan.actors == 4  # 8 CPUs - 2 x 2 reserved
     assert sum(b["CPU"] for b in plan.bundles()) == 4.0
+
+
+def test_an_audit_of_closed_form_attacks_alone_reserves_no_worker() -> None:
+    # Closed-form attacks run on a driver thread: a reserved Ray worker would idle.
+    scenario = _scenario("audit.workers=2")
+    closed_form, optimised = (
+        Resolved(name, ATTACKS.get(name), None, f"audit.attacks[{i}]")
+        for i, name in enumerate(("analytic-fc", "dlg"))
+    )
+
+    assert reserved_workers(scenario.audit, [closed_form]) == 0
+    assert reserved_workers(scenario.audit, [closed_form, optimised]) == 2
+    plan = plan_resources(scenario, ONE_GPU, "a node", 0)
+    assert plan.bundles() == [] and plan.actors == 16
+    assert "audit reserves" not in plan.describe()
 
 
 @pytest.mark.parametrize(
@@ -110,7 +128,8 @@ def test_a_split_that_cannot_fit_names_keys_machine_and_a_fix(
     overrides: list[str], key: str, fix: str
 ) -> None:
     with pytest.raises(ResourceError) as err:
-        plan_resources(_scenario(*overrides), ONE_GPU, "a node")
+        scenario = _scenario(*overrides)
+        plan_resources(scenario, ONE_GPU, "a node", scenario.audit.workers)
 
     message = str(err.value)
     assert "\n" not in message
@@ -120,12 +139,12 @@ def test_a_split_that_cannot_fit_names_keys_machine_and_a_fix(
 
 def test_suggested_split_fits() -> None:
     with pytest.raises(ResourceError) as err:
-        plan_resources(_scenario("backend.num-gpus=0.75", "audit.num-gpus=0.5"), ONE_GPU, "a node")
+        scenario = _scenario("backend.num-gpus=0.75", "audit.num-gpus=0.5")
+        plan_resources(scenario, ONE_GPU, "a node", scenario.audit.workers)
     suggested = str(err.value).rsplit("a split that fits: ", 1)[1]
 
-    plan = plan_resources(
-        _scenario("audit.num-gpus=0.5", suggested.replace(" = ", "=")), ONE_GPU, "a node"
-    )
+    fixed = _scenario("audit.num-gpus=0.5", suggested.replace(" = ", "="))
+    plan = plan_resources(fixed, ONE_GPU, "a node", fixed.audit.workers)
 
     assert plan.actors >= 1
 

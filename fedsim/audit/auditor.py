@@ -22,6 +22,8 @@ SPEAR, R-GAP) run in the driver instead, on one thread of its own beside the
 server: they take milliseconds, less than a Ray task's round trip, and a worker
 process would first have to import torch and fedsim (seconds). They receive the
 same observations and go through the same scoring; their records say ``cpu``.
+An audit of closed-form attacks alone reserves no Ray worker
+(:func:`~fedsim.audit.tasks.reserved_workers`).
 
 ``sync`` mode waits for a round's attacks at the end of that round (their
 mean PSNR/SSIM join that round's metrics), printing a line every
@@ -47,7 +49,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from rich.console import Console
 from torchvision.utils import save_image
 
-from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.audit.observe import ServerView, observe_reply, reveal_batch_statistics
 from fedsim.audit.scoring import score_attack
@@ -56,6 +57,7 @@ from fedsim.audit.tasks import (
     audit_reservation,
     remote_attack,
     run_attack,
+    runs_in_driver,
     start_board,
 )
 from fedsim.core import protocol
@@ -231,7 +233,7 @@ class Auditor:
         seed = self._seed(job.round)
         observations = [v.observation for v in job.victims]
         job.submitted = time.perf_counter()
-        if issubclass(job.attack.cls, AnalyticAttack):
+        if runs_in_driver(job.attack):
             if self._in_driver is None:
                 self._in_driver = ThreadPoolExecutor(1, thread_name_prefix="fedsim-closed-form")
             args = (job.attack, observations, seed, False, None, self.cfg.precision)

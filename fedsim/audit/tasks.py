@@ -17,12 +17,28 @@ from typing import Any
 import ray
 import torch
 
+from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.core.components import Resolved
+from fedsim.core.config import AuditConfig
 from fedsim.core.devices import gpu_if
 
 AUDIT_RESERVATION_NAME = "fedsim-audit"
+
+
+def runs_in_driver(attack: Resolved) -> bool:
+    """A closed-form attack (:class:`~fedsim.attacks.analytic.AnalyticAttack`) runs on a
+    thread of the driver, not as a Ray task: its milliseconds of work cost less than a
+    task's round trip."""
+    return issubclass(attack.cls, AnalyticAttack)
+
+
+def reserved_workers(audit: AuditConfig, attacks: Sequence[Resolved]) -> int:
+    """The Ray workers the audit reserves: ``audit.workers`` when an attack runs as a Ray
+    task; none without an audit or when every attack runs in the driver."""
+    as_tasks = any(not runs_in_driver(attack) for attack in attacks)
+    return audit.workers if audit.enabled and as_tasks else 0
 
 
 class ProgressBoard:

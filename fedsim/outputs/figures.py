@@ -120,7 +120,7 @@ def draw_pairs(path: Path, pairs: Sequence[Pair], title: str = "") -> None:
 def figure_png(fig: Figure, dpi: int = 110) -> bytes:
     """``fig`` as PNG bytes."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=dpi)  # the figures lay themselves out
     return buffer.getvalue()
 
 

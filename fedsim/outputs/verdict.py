@@ -33,38 +33,46 @@ from fedsim.core.seeds import SeedStream, derive_seed
 _col = AuditRecord.column
 
 
-def _best(group: pd.DataFrame, field_name: str) -> tuple[float, str]:
+def _column(group: pd.DataFrame, field_name: str, dtype: type, missing: Any) -> np.ndarray:
+    """A column of ``group`` as an array, ``missing`` throughout where it is absent."""
+    name = _col(field_name)
+    if name in group:
+        return group[name].to_numpy(dtype=dtype)
+    return np.full(len(group), missing, dtype=dtype)
+
+
+def _best(values: np.ndarray, attacks: np.ndarray) -> tuple[float, str]:
     """The highest finite-or-inf value of a score column and the attack that reached it."""
-    values = group[_col(field_name)].astype(float)
-    known = values[~values.isna()]
-    if known.empty:
+    known = np.flatnonzero(~np.isnan(values))
+    if not len(known):
         return math.nan, ""
-    at = int(known.to_numpy().argmax())
-    return float(known.iloc[at]), str(group[_col("attack")].loc[known.index[at]])
+    at = known[values[known].argmax()]
+    return float(values[at]), str(attacks[at])
 
 
 def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
-    """The verdict of one victim in one round from its attacks' ``audit.csv`` rows."""
-    group = group.reset_index(drop=True)
+    """The verdict of one victim in one round from its attacks' ``audit.csv`` rows.
+
+    On numpy arrays, not pandas rows: a run with ``victims = 0`` computes one per
+    client and round."""
+    attacks = group[_col("attack")].to_numpy()
     # Rows written before convergence and the attacker's residual were recorded (a run
     # resumed from an older checkpoint) count as not converged, with no residual.
-    converged = group.get(_col("converged"), pd.Series(False, index=group.index)).astype(bool)
-    psnr, psnr_attack = _best(group, "psnr")
-    ssim, ssim_attack = _best(group, "ssim")
-    label_acc, label_attack = _best(group, "label_acc")
-    residual = group.get(_col("attacker_residual"), pd.Series(math.nan, index=group.index))
-    residual = residual.astype(float)
-    if residual.notna().any():
-        pick = group.iloc[int(residual.fillna(math.inf).to_numpy().argmin())]
-        pick_attack, pick_psnr, pick_ssim = (
-            str(pick[_col("attack")]),
-            pick[_col("psnr")],
-            pick[_col("ssim")],
-        )
-        pick_residual = float(residual.min())
+    converged = _column(group, "converged", bool, False)
+    psnr = _column(group, "psnr", float, math.nan)
+    ssim = _column(group, "ssim", float, math.nan)
+    label_acc = _column(group, "label_acc", float, math.nan)
+    residual = _column(group, "attacker_residual", float, math.nan)
+    if not np.isnan(residual).all():
+        pick = int(np.where(np.isnan(residual), math.inf, residual).argmin())
+        pick_attack, pick_psnr, pick_ssim = str(attacks[pick]), psnr[pick], ssim[pick]
+        pick_residual = float(residual[pick])
     else:
         pick_attack, pick_psnr, pick_ssim, pick_residual = "", math.nan, math.nan, math.nan
     first = group.iloc[0]
+    best_psnr, psnr_attack = _best(psnr, attacks)
+    best_ssim, ssim_attack = _best(ssim, attacks)
+    best_label_acc, label_attack = _best(label_acc, attacks)
     return VerdictRecord(
         round=int(first[_col("round")]),
         client=int(first[_col("client")]),
@@ -72,11 +80,11 @@ def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
         attacks=len(group),
         attacks_converged=int(converged.sum()),
         bound=CONVERGED if bool(converged.all()) else LOWER_BOUND,
-        psnr=psnr,
+        psnr=best_psnr,
         psnr_attack=psnr_attack,
-        ssim=ssim,
+        ssim=best_ssim,
         ssim_attack=ssim_attack,
-        label_acc=label_acc,
+        label_acc=best_label_acc,
         label_acc_attack=label_attack,
         pick_attack=pick_attack,
         pick_psnr=float(pick_psnr),

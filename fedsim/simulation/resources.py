@@ -126,8 +126,12 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def plan_resources(scenario: Scenario, nodes: list[NodeResources], where: str) -> ResourcePlan:
-    """Place the audit's reservation, then as many client actors as fit beside it.
+def plan_resources(
+    scenario: Scenario, nodes: list[NodeResources], where: str, audit_workers: int
+) -> ResourcePlan:
+    """Place the audit's reservation (``audit_workers`` bundles:
+    :func:`~fedsim.audit.tasks.reserved_workers`), then as many client actors as fit
+    beside it.
 
     Raises :class:`ResourceError` naming the keys, what exists and a split that fits.
     """
@@ -138,9 +142,8 @@ def plan_resources(scenario: Scenario, nodes: list[NodeResources], where: str) -
         raise ResourceError(
             "backend.num-gpus", backend.num_gpus, f"{has}; a split that fits: backend.num-gpus = 0"
         )
-    workers = audit.workers if audit.enabled else 0
     audit_cpus, audit_gpus = float(audit.threads_per_attack), audit.num_gpus
-    left, placed = _place_audit(nodes, workers, audit_cpus, audit_gpus, has)
+    left, placed = _place_audit(nodes, audit_workers, audit_cpus, audit_gpus, has)
     actors = 0
     for c, g in left.values():
         per_node = math.floor(c / backend.num_cpus + EPS)
@@ -148,16 +151,16 @@ def plan_resources(scenario: Scenario, nodes: list[NodeResources], where: str) -
             per_node = min(per_node, math.floor(g / backend.num_gpus + EPS))
         actors += max(0, per_node)
     if actors == 0:
-        raise _no_client_fits(scenario, left, workers, audit_cpus, audit_gpus, has)
+        raise _no_client_fits(scenario, left, audit_workers, audit_cpus, audit_gpus, has)
     return ResourcePlan(
         where=where,
         nodes=tuple(nodes),
         actors=actors,
         actor_cpus=backend.num_cpus,
         actor_gpus=backend.num_gpus,
-        audit_workers=workers,
-        audit_cpus=audit_cpus if workers else 0.0,
-        audit_gpus=audit_gpus if workers else 0.0,
+        audit_workers=audit_workers,
+        audit_cpus=audit_cpus if audit_workers else 0.0,
+        audit_gpus=audit_gpus if audit_workers else 0.0,
         audit_nodes=tuple(placed),
     )
 
@@ -244,13 +247,13 @@ def _audit_fix(nodes: list[NodeResources], cpus: float, gpus: float) -> str:
 # -- Ray ---------------------------------------------------------------------------
 
 
-def local_nodes(scenario: Scenario) -> list[NodeResources]:
-    """This machine as the Ray fedsim would start on it (before it starts)."""
+def local_nodes(scenario: Scenario, audit_workers: int) -> list[NodeResources]:
+    """This machine as the Ray fedsim would start on it (before it starts), with a CPU per
+    thread of the audit's ``audit_workers`` on top of its cores."""
     import torch
 
     cpus = scenario.backend.ray_cpus or os.cpu_count() or 1
-    if scenario.audit.enabled:
-        cpus += scenario.audit.workers * scenario.audit.threads_per_attack
+    cpus += audit_workers * scenario.audit.threads_per_attack
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else test_logical_gpus()
     return [NodeResources("this machine", float(cpus), float(gpus))]
 
@@ -320,8 +323,9 @@ cluster fedsim joins keeps its own settings.
 """
 
 
-def start_ray(scenario: Scenario) -> ResourcePlan:
-    """Start or join Ray and return the plan; refuses a split before any client starts."""
+def start_ray(scenario: Scenario, audit_workers: int) -> ResourcePlan:
+    """Start or join Ray and return the plan (the audit reserving ``audit_workers``);
+    refuses a split before any client starts."""
     import logging
 
     import ray
@@ -338,13 +342,13 @@ def start_ray(scenario: Scenario) -> ResourcePlan:
         ray.init(address=backend.address, **common)
         try:
             return plan_resources(
-                scenario, cluster_nodes(), f"the Ray cluster at {backend.address}"
+                scenario, cluster_nodes(), f"the Ray cluster at {backend.address}", audit_workers
             )
         except BaseException:
             ray.shutdown()
             raise
-    (machine,) = local_nodes(scenario)
-    plan = plan_resources(scenario, [machine], "this machine")
+    (machine,) = local_nodes(scenario, audit_workers)
+    plan = plan_resources(scenario, [machine], "this machine", audit_workers)
     # "local": a new Ray of our own, never a cluster that ``ray start`` left in
     # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one).
     ray.init(

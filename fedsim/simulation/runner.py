@@ -15,6 +15,7 @@ from rich.console import Console
 
 from fedsim.audit.auditor import Auditor
 from fedsim.audit.observe import ServerView
+from fedsim.audit.tasks import reserved_workers
 from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.clients.replay import ClientReplay
@@ -286,7 +287,7 @@ def _run(
     with session.watching():
         # Before any work: a split that cannot fit is refused here (for a cluster,
         # right after connecting to it), before the run folder exists.
-        plan = start_ray(scenario)
+        plan = start_ray(scenario, reserved_workers(scenario.audit, components.attacks))
         guard.reclaim()
         try:
             run_dir = _run_dir(scenario, out, force, resume)
