@@ -403,6 +403,24 @@ def test_rgap_fast_solves_agree_with_dense_least_squares() -> None:
     assert float((split - truth).norm() / truth.norm()) < 2 * dense_error
 
 
+def test_rgap_solves_a_linear_layer_exactly() -> None:
+    """A linear layer is solved as a 1x1 convolution of a 1x1 image: exact data give the
+    exact input, every value determined."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(20, 7).double()
+    weight = layer.weight.detach()
+    x = MNIST32.test_images[0, 0, 14, 6:26].double()  # 20 real pixels
+    delta = torch.randn(7, dtype=torch.float64)
+    attack = ATTACKS.get("rgap")(ATTACKS.get("rgap").Params())
+
+    found, condition = attack.solve_input(
+        layer, weight, weight @ x, delta, torch.outer(delta, x), (20,)
+    )
+
+    assert torch.allclose(found, x, rtol=0, atol=1e-12)
+    assert condition == {"rank": 20, "unknowns": 20, "equations": 7 + 140}
+
+
 def test_closed_form_attacks_audit_every_client_in_the_driver_without_ray(
     tmp_path: Path,
 ) -> None:
