@@ -317,8 +317,8 @@ def test_rgap_reconstructs_a_lenet_zhu_digit_in_closed_form() -> None:
     # LeNet-Zhu (default init), one real normalised digit at 32x32, one real SGD
     # step. Measured: 93.7 / 94.5 / 94.0 dB on digits 0 / 1 / 2 (the dense QR of the
     # stacked systems: 94.2 / 95.2 / 94.9 dB), every layer's system of full rank
-    # (1,024 / 3,072 / 768 unknowns; 3,372 / 4,368 / 4,368 equations); 0.09 s on one
-    # thread at a load of 2.8 on 2 cores (the dense QR: 3 s). Under U(-0.5, 0.5) the
+    # (1,024 / 3,072 / 768 unknowns; 3,372 / 4,368 / 4,368 equations); 0.08 s on one
+    # thread at a load of 3 on 2 cores (the dense QR: 3 s). Under U(-0.5, 0.5) the
     # Sigmoids saturate and inverting them amplifies float32 rounding: 22.6 / 42.7
     # / 43.4 dB normalised, 83-100 dB on [0, 1] pixels (docs/analytic-attacks.md).
     observation, truth, _ = fedsgd_update("lenet-zhu", 0, seed=0)
@@ -383,6 +383,11 @@ def test_rgap_fast_solves_agree_with_dense_least_squares() -> None:
     gradient rows alone, the least-squares solution weighs the forward rows there too)."""
     system, stacked, target, truth = _small_conv_system(noise=False)
     dense = torch.linalg.lstsq(stacked, target[:, None], driver="gelsd").solution[:, 0]
+    singular, right, _ = rgap.channel_svd(system)  # block by block: 4 phases at stride 2
+    expected = torch.linalg.svdvals(system.gradient)
+    assert len(rgap.gradient_blocks(system)) == 4
+    assert torch.allclose(singular[: len(expected)], expected, rtol=0, atol=1e-12)
+    assert torch.allclose(right @ right.T, torch.eye(len(right), dtype=right.dtype), atol=1e-12)
     split, split_rank = rgap.split_solve(system, tolerance=1e-9) or (None, 0)
     normal, normal_rank = rgap.normal_solve(system) or (None, 0)
 

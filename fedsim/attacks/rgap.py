@@ -19,7 +19,8 @@ How a layer is solved (:meth:`RGAP.solve_input`; a linear layer is a 1x1
 convolution of a 1x1 image with one channel per input value). The gradient block
 of a plain convolution is block-diagonal over input channels with the same block
 ``M`` for every channel (rows: output channel and kernel offset; columns: the
-channel's pixels; entries from ``delta`` alone). One SVD of ``M`` splits each
+channel's pixels; entries from ``delta`` alone; itself block-diagonal where kernel
+offsets read disjoint pixels, as at stride 2). One SVD of ``M`` splits each
 channel's pixels into directions the gradient fixes (``y = S^-1 U^T g_c``) and
 the few it leaves free or nearly so (null and weakest singular directions); the
 free coefficients of every channel come from one small least-squares system, the
@@ -56,7 +57,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import scipy.sparse
+import scipy.sparse.csgraph
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -290,8 +293,9 @@ condition number over about 1e3; LeNet-Zhu's layers measure 4-90) cannot tell a 
 layer from a deficient one at the rank tolerance, so such a layer goes to the dense QR."""
 
 NORMAL_STEPS = 20
-"""Most conjugate-gradient steps :func:`normal_solve` takes (measured: 2-4 reach
-:data:`NORMAL_CONVERGED`); a layer still short of it goes to the dense QR."""
+"""Most conjugate-gradient steps :func:`normal_solve` takes (measured: 2 reach
+:data:`NORMAL_CONVERGED` on every LeNet-Zhu layer); a layer still short of it goes to the
+dense QR."""
 
 NORMAL_CONVERGED = 1e-13
 """The normal equations' residual, relative to ``A^T b``, at which the iteration stops:
@@ -428,13 +432,12 @@ def split_solve(system: ChannelSystem, tolerance: float) -> tuple[torch.Tensor, 
     channels, pixels, gradient = system.channels, system.pixels, system.gradient
     if channels * (pixels - min(gradient.shape)) > SPLIT_FREE_MAX:
         return None
-    left, singular, right = torch.linalg.svd(gradient, full_matrices=len(gradient) < pixels)
+    singular, right, along = channel_svd(system)
     rank = int((singular > tolerance * singular[0]).sum()) if float(singular[0]) > 0 else 0
     if channels * (pixels - rank) > SPLIT_FREE_MAX:
         return None
     weak = max(0, min(WEAK_DIRECTIONS, rank, SPLIT_FREE_MAX // channels - (pixels - rank)))
     fixed = rank - weak
-    along = system.channel_grad @ left[:, : len(singular)]  # U^T g_c, per channel
     x = (along[:, :fixed] / singular[:fixed]) @ right[:fixed]
     free = pixels - fixed
     if free == 0:
@@ -447,8 +450,7 @@ def split_solve(system: ChannelSystem, tolerance: float) -> tuple[torch.Tensor, 
     responses = F.conv2d(images, per_channel, None, module.stride, module.padding, module.dilation)
     # rows: F's (output channel, position); columns: (channel, free direction)
     forward_rows = responses.reshape(free, channels, -1).permute(2, 1, 0).flatten(1)
-    strengths = F.pad(singular[fixed:], (0, pixels - len(singular)))  # 0 along M's null space
-    measured = F.pad(along[:, fixed:], (0, pixels - len(singular)))
+    strengths, measured = singular[fixed:], along[:, fixed:]  # 0 along M's null space
     scale_f, scale_g = system.forward_scale, system.gradient_scale
     stacked = torch.cat([scale_f * forward_rows, torch.diag(scale_g * strengths.repeat(channels))])
     target = torch.cat(
@@ -457,6 +459,55 @@ def split_solve(system: ChannelSystem, tolerance: float) -> tuple[torch.Tensor, 
     coefficients, free_rank, _ = dense_solve(stacked, target, tolerance)
     x = x + coefficients.reshape(channels, free) @ directions
     return x.flatten(), channels * fixed + free_rank
+
+
+def gradient_blocks(system: ChannelSystem) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``M``'s independent blocks as (rows, columns) index pairs, covering every column
+    once: ``M`` falls apart wherever groups of kernel offsets read disjoint sets of pixels
+    (a stride-2 convolution: one block per phase of the pixel grid, four on LeNet-Zhu's
+    first two layers); pixels no offset reads are blocks without rows."""
+    pairs, pixels = system.conv.pairs, system.pixels
+    kernel, out_channels = pairs.kernel, len(system.gradient) // pairs.kernel
+    # Offsets and pixels as one graph, a kernel offset joined to every pixel it reads.
+    edges = scipy.sparse.coo_array(
+        (np.ones(len(pairs.offset)), (pairs.offset.numpy(), kernel + pairs.pixel.numpy())),
+        shape=(kernel + pixels, kernel + pixels),
+    )
+    _, labels = scipy.sparse.csgraph.connected_components(edges, directed=False)
+    offset_label, pixel_label = torch.from_numpy(labels[:kernel]), torch.from_numpy(labels[kernel:])
+    blocks = []
+    for label in pixel_label.unique():
+        offsets = (offset_label == label).nonzero()[:, 0]
+        rows = (torch.arange(out_channels)[:, None] * kernel + offsets).flatten()
+        blocks.append((rows, (pixel_label == label).nonzero()[:, 0]))
+    return blocks
+
+
+def channel_svd(system: ChannelSystem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``M = U S V^T`` in full, block by block (:func:`gradient_blocks`: the same
+    decomposition in a fraction of the time): the singular values ``S`` (one per pixel,
+    descending, 0 along the null space), ``V^T`` (pixels x pixels) and ``U^T g_c`` for
+    every channel (channels x pixels, 0 beyond the rank)."""
+    gradient, pixels = system.gradient, system.pixels
+    singular = torch.zeros(pixels, dtype=gradient.dtype)
+    right = torch.zeros(pixels, pixels, dtype=gradient.dtype)
+    along = torch.zeros(system.channels, pixels, dtype=gradient.dtype)
+    start = 0
+    for rows, columns in gradient_blocks(system):
+        end = start + len(columns)
+        if len(rows) == 0:  # pixels no offset reads: M's zero columns
+            right[start:end, columns] = torch.eye(len(columns), dtype=gradient.dtype)
+        else:
+            left, values, vectors = torch.linalg.svd(
+                gradient[rows][:, columns], full_matrices=len(rows) < len(columns)
+            )
+            count = len(values)
+            singular[start : start + count] = values
+            right[start:end, columns] = vectors
+            along[:, start : start + count] = system.channel_grad[:, rows] @ left[:, :count]
+        start = end
+    order = singular.argsort(descending=True, stable=True)
+    return singular[order], right[order], along[:, order]
 
 
 def normal_solve(system: ChannelSystem) -> tuple[torch.Tensor, int] | None:
@@ -475,10 +526,13 @@ def normal_solve(system: ChannelSystem) -> tuple[torch.Tensor, int] | None:
     gram = torch.from_numpy((single.T @ single).toarray())
     gram *= system.forward_scale**2
     gradient = system.gradient.float()
-    channel_gram = system.gradient_scale**2 * (gradient.T @ gradient)
+    channel_gram = torch.zeros(pixels, pixels)
+    for rows, columns in gradient_blocks(system):
+        part = gradient[rows][:, columns]
+        channel_gram[columns[:, None], columns] = system.gradient_scale**2 * (part.T @ part)
     for c in range(channels):
-        block = slice(c * pixels, (c + 1) * pixels)
-        gram[block, block] += channel_gram
+        diagonal_block = slice(c * pixels, (c + 1) * pixels)
+        gram[diagonal_block, diagonal_block] += channel_gram
     factor, info = torch.linalg.cholesky_ex(gram)
     diagonal = factor.diagonal()
     if int(info) != 0 or float(diagonal.min()) < NORMAL_PIVOT_FLOOR * float(diagonal.max()):
