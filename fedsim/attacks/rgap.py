@@ -305,7 +305,8 @@ float64's reach on these systems."""
 @dataclass(frozen=True)
 class Convolution:
     """A weight layer as a plain convolution: its geometry (an ``nn.Conv2d``, possibly on
-    the ``meta`` device), its weight ``(out, in, kh, kw)`` and the input's shape."""
+    the ``meta`` device), its weight ``(out, in, kh, kw)``, the input's shape and which
+    pixel each kernel offset reads at each output position."""
 
     module: nn.Conv2d
     weight: torch.Tensor
