@@ -45,12 +45,16 @@ FEDSGD = ClientConfig(local_steps=1, batch_size=1, optimizer="sgd", lr=0.05)
 
 
 def fedsgd_update(
-    model_name: str, index: int, seed: int, shared_prefix: str = ""
+    model_name: str, index: int, seed: int, shared_prefix: str = "", zeroed: str = ""
 ) -> tuple[Observation, GroundTruth, torch.nn.Module]:
     """A client's real one-step SGD update (FedSGD) on test digit ``index`` at 32x32,
-    sharing the parameters named ``shared_prefix...``; the trained model comes back."""
+    sharing the parameters named ``shared_prefix...``, from a sent model whose parameter
+    ``zeroed`` (if named) is all zeros; the trained model comes back."""
     spec, cfg = InputSpec(1, 32, 10), ModelConfig(model_name)
     model = build_model(cfg, spec, seed=seed)
+    if zeroed:
+        with torch.no_grad():
+            model.get_parameter(zeroed).zero_()
     sent = {k: v.detach().clone() for k, v in model.named_parameters()}
     images, labels = MNIST32.test_images[index : index + 1], MNIST32.test_labels[index : index + 1]
     train_local(model, images, labels, FEDSGD, seed=seed)
@@ -311,9 +315,10 @@ def test_spear_flags_a_search_that_ran_out_of_subsets() -> None:
 
 def test_rgap_reconstructs_a_lenet_zhu_digit_in_closed_form() -> None:
     # LeNet-Zhu (default init), one real normalised digit at 32x32, one real SGD
-    # step. Measured: 94.3 / 94.5 dB on digits 0 / 1, every layer's system of full
-    # rank (1,024 / 3,072 / 768 unknowns; 3,372 / 4,368 / 4,368 equations); 10-25 s
-    # on one thread (three dense QR solves in float64). Under U(-0.5, 0.5) the
+    # step. Measured: 93.7 / 94.5 / 94.0 dB on digits 0 / 1 / 2 (the dense QR of the
+    # stacked systems: 94.2 / 95.2 / 94.9 dB), every layer's system of full rank
+    # (1,024 / 3,072 / 768 unknowns; 3,372 / 4,368 / 4,368 equations); 0.08 s on one
+    # thread at a load of 3 on 2 cores (the dense QR: 3 s). Under U(-0.5, 0.5) the
     # Sigmoids saturate and inverting them amplifies float32 rounding: 22.6 / 42.7
     # / 43.4 dB normalised, 83-100 dB on [0, 1] pixels (docs/analytic-attacks.md).
     observation, truth, _ = fedsgd_update("lenet-zhu", 0, seed=0)
@@ -326,6 +331,99 @@ def test_rgap_reconstructs_a_lenet_zhu_digit_in_closed_form() -> None:
     assert [c["rank"] for c in rec.details["rank_condition"]] == [1024, 3072, 768]
     assert rec.details["rank_deficient"] == [] and rec.converged
     assert rec.details["gradient_residual"] < 1e-3
+
+
+def test_rgap_flags_a_rank_deficient_layer() -> None:
+    # The first layer's weights sent as zeros: its forward equations say nothing, and its
+    # 300 gradient equations (12 output channels x 25 offsets) cannot fix 1,024 pixels.
+    observation, _, _ = fedsgd_update("lenet-zhu", 0, seed=0, zeroed="extractor.0.weight")
+
+    rec = ATTACKS.get("rgap")(ATTACKS.get("rgap").Params()).reconstruct(observation)
+
+    first, *above = rec.details["rank_condition"]
+    assert first["layer"] == "extractor.0" and first["rank"] == 300 < first["unknowns"]
+    assert [c["rank"] for c in above] == [c["unknowns"] for c in above] == [3072, 768]
+    assert rec.details["rank_deficient"] == ["extractor.0"] and not rec.converged
+
+
+def _small_conv_system(
+    noise: bool,
+) -> tuple[rgap.ChannelSystem, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A LeNet-Zhu-like layer (3 -> 6 channels, 5x5, stride 2) on three real digits'
+    centres (3 x 12 x 12), seeded weights and output gradient; its channel system, the
+    dense stacked system (each block scaled to unit norm), its target and the true input.
+    With ``noise`` the two targets are rounded to float32, as a client's upload is."""
+    torch.manual_seed(0)
+    layer = torch.nn.Conv2d(3, 6, 5, stride=2, padding=2).double()
+    weight = layer.weight.detach()
+    x = MNIST32.test_images[:3, 0, 10:22, 10:22].double()
+    delta = torch.randn(6, 6, 6, dtype=torch.float64)
+    forward = rgap.linear_part(layer, weight, x)
+    loss = lambda w: (delta * rgap.linear_part(layer, w, x)).sum()  # noqa: E731
+    weight_grad = torch.func.grad(loss)(weight)
+    if noise:
+        forward, weight_grad = forward.float().double(), weight_grad.float().double()
+    conv = rgap.as_convolution(layer, weight, x.shape)
+    assert conv is not None
+    system = rgap.ChannelSystem(conv, forward.flatten(), delta, weight_grad)
+    blocks = [
+        (rgap.forward_matrix(layer, weight, x.shape), forward.flatten()),
+        (rgap.weight_gradient_matrix(layer, weight, delta, x.shape), weight_grad.flatten()),
+    ]
+    stacked = torch.cat([m / m.norm() for m, _ in blocks])
+    target = torch.cat([t / m.norm() for m, t in blocks])
+    return system, stacked, target, x.flatten()
+
+
+def test_rgap_fast_solves_agree_with_dense_least_squares() -> None:
+    """Both fast solves against the plain dense least-squares solution (SVD-based) of the
+    stacked system: exact data give the exact input and the same rank; on data rounded to
+    float32 the normal equations give the least-squares solution itself, the split one
+    as close to the true input (it fixes the gradient's strong directions from the
+    gradient rows alone, the least-squares solution weighs the forward rows there too)."""
+    system, stacked, target, truth = _small_conv_system(noise=False)
+    dense = torch.linalg.lstsq(stacked, target[:, None], driver="gelsd").solution[:, 0]
+    singular, right, _ = rgap.channel_svd(system)  # block by block: 4 phases at stride 2
+    expected = torch.linalg.svdvals(system.gradient)
+    assert len(rgap.gradient_blocks(system)) == 4
+    assert torch.allclose(singular[: len(expected)], expected, rtol=0, atol=1e-12)
+    assert torch.allclose(right @ right.T, torch.eye(len(right), dtype=right.dtype), atol=1e-12)
+    split, split_rank = rgap.split_solve(system, tolerance=1e-9) or (None, 0)
+    normal, normal_rank = rgap.normal_solve(system) or (None, 0)
+
+    assert split is not None and normal is not None
+    assert torch.linalg.matrix_rank(stacked) == split_rank == normal_rank == len(truth)
+    for solution in (dense, split, normal):
+        assert torch.allclose(solution, truth, rtol=0, atol=1e-9)
+
+    system, stacked, target, truth = _small_conv_system(noise=True)
+    dense = torch.linalg.lstsq(stacked, target[:, None], driver="gelsd").solution[:, 0]
+    split, _ = rgap.split_solve(system, tolerance=1e-9) or (None, 0)
+    normal, _ = rgap.normal_solve(system) or (None, 0)
+
+    assert split is not None and normal is not None
+    dense_error = float((dense - truth).norm() / truth.norm())
+    assert 1e-9 < dense_error < 1e-5  # the rounding shows, and stays small
+    assert float((normal - dense).norm() / dense.norm()) < 1e-10
+    assert float((split - truth).norm() / truth.norm()) < 2 * dense_error
+
+
+def test_rgap_solves_a_linear_layer_exactly() -> None:
+    """A linear layer is solved as a 1x1 convolution of a 1x1 image: exact data give the
+    exact input, every value determined."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(20, 7).double()
+    weight = layer.weight.detach()
+    x = MNIST32.test_images[0, 0, 14, 6:26].double()  # 20 real pixels
+    delta = torch.randn(7, dtype=torch.float64)
+    attack = ATTACKS.get("rgap")(ATTACKS.get("rgap").Params())
+
+    found, condition = attack.solve_input(
+        layer, weight, weight @ x, delta, torch.outer(delta, x), (20,)
+    )
+
+    assert torch.allclose(found, x, rtol=0, atol=1e-12)
+    assert condition == {"rank": 20, "unknowns": 20, "equations": 7 + 140}
 
 
 def test_closed_form_attacks_audit_every_client_in_the_driver_without_ray(
