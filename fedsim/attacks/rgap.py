@@ -267,8 +267,7 @@ class RGAP(AnalyticAttack):
             ]
             stacked = torch.cat([m * unit_scale(float(m.norm())) for m, _ in blocks])
             target = torch.cat([t * unit_scale(float(m.norm())) for m, t in blocks])
-            solution, rank, _ = dense_solve(stacked, target, tolerance)
-            solved = solution, rank
+            solved = dense_solve(stacked, target, tolerance)
             equations = len(stacked)
         solution, rank = solved
         condition = {"rank": rank, "unknowns": unknowns, "equations": equations}
@@ -457,7 +456,7 @@ def split_solve(system: ChannelSystem, tolerance: float) -> tuple[torch.Tensor, 
     target = torch.cat(
         [scale_f * (system.target - system.forward(x.flatten())), scale_g * measured.flatten()]
     )
-    coefficients, free_rank, _ = dense_solve(stacked, target, tolerance)
+    coefficients, free_rank = dense_solve(stacked, target, tolerance)
     x = x + coefficients.reshape(channels, free) @ directions
     return x.flatten(), channels * fixed + free_rank
 
@@ -548,9 +547,9 @@ def normal_solve(system: ChannelSystem) -> tuple[torch.Tensor, int] | None:
 
 def dense_solve(
     system: torch.Tensor, target: torch.Tensor, tolerance: float
-) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """The least-squares solution of a dense system, its rank (diagonal entries of QR's
-    ``R`` above ``tolerance`` of the largest) and ``R``."""
+) -> tuple[torch.Tensor, int]:
+    """The least-squares solution of a dense system and its rank (diagonal entries of QR's
+    ``R`` above ``tolerance`` of the largest)."""
     # One QR gives both the rank (the diagonal of R) and, through R^T R x = A^T b
     # with one step of refinement (corrected semi-normal equations), the
     # least-squares solution: a third of an SVD's time on these systems.
@@ -560,7 +559,7 @@ def dense_solve(
     rank = int((diagonal > tolerance * diagonal.max()).sum())
     solution = semi_normal_solve(system, upper, target)
     solution = solution + semi_normal_solve(system, upper, target - system @ solution)
-    return solution[:, 0], rank, upper
+    return solution[:, 0], rank
 
 
 def forward_matrix(module: Weighted, weight: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
