@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, require
-from fedsim.core.data import Normalization
+from fedsim.core.data import Normalization, generated_dataset
 from fedsim.core.models import InputSpec
 
 ThreatModel = Literal["probe", "update"]
@@ -48,6 +48,9 @@ class AttackSetting:
     audited: bool = True
     threat_model: ThreatModel = "update"
     probe_batch_size: int = 1
+    # The dataset has a held-out split no client trains on (the server's public data
+    # and the membership candidates' non-members); a generated dataset has none.
+    held_out: bool = True
 
     @classmethod
     def of(cls, scenario: Scenario, uploads: tuple[str, ...] | None) -> AttackSetting:
@@ -62,6 +65,7 @@ class AttackSetting:
             audit.enabled,
             audit.threat_model,
             audit.probe_batch_size,
+            generated_dataset(scenario.data) is None,
         )
 
 

@@ -62,6 +62,12 @@ class SeedStream(enum.Enum):
     # The attacker: the audit and fedsim attack.
     AUDIT_VICTIMS = ("audit-victims", Party.ATTACKER, ("seed", "round"))
     AUDIT_BOOTSTRAP = ("audit-bootstrap", Party.ATTACKER, ("seed", "round"))
+    # The held-out split cut into the server's public half and the non-member half,
+    # then each victim's membership candidates drawn (the auditor's design, not a client's).
+    AUDIT_POOL = ("audit-pool", Party.ATTACKER, ("seed",))
+    AUDIT_CANDIDATES = ("audit-candidates", Party.ATTACKER, ("seed", "round", "partition"))
+    # A leak analysis's own draws (shadow updates on public data, ...).
+    LEAK_ANALYSIS = ("leak-analysis", Party.ATTACKER, ("attack-seed",))
     ATTACK = ("attack", Party.ATTACKER, ("seed", "round", "partition"))
     # The audit attacks a round's victims in batches; restarts are seeded per row.
     AUDIT_ATTACK = ("audit-attack", Party.ATTACKER, ("seed", "round"))
