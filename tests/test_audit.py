@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from fedsim.attacks.base import Observation
-from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.core.config import load_scenario
-from fedsim.outputs.run_folder import MODEL_FILE
+from fedsim.outputs.run_folder import AUDIT_FILE, MODEL_FILE
 from fedsim.simulation.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +91,6 @@ def test_attack_payload_holds_no_tensor_equal_to_the_truth(tmp_path: Path) -> No
     scenario = load_scenario(REPO / "scenarios" / "audit-fedavg.toml")
     cfg = client_config_from_record(client_config_record(scenario.client))
     truth = ClientReplay(scenario, "fedavg", None).update_batch(0, 1, cfg)
-    from fedsim.audit.observe import observe_reply  # noqa: F401  (the only builder)
 
     payload = pickle.dumps(_observation_for(scenario))
     tensors = pickle.loads(payload)
@@ -117,12 +115,17 @@ def _walk(obj: object) -> list[object]:
 
 def _observation_for(scenario: object) -> Observation:
     """An update observation built exactly as the auditor does, from a real client step."""
+    return _intercepted_observation(scenario)[0]
+
+
+def _intercepted_observation(scenario: object) -> tuple[Observation, object]:
+    """A real client's update, intercepted and observed as the auditor does; and the round."""
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-    from fedsim.audit.observe import ServerView, observe_reply
+    from fedsim.audit.observe import ServerView, intercept
     from fedsim.clients.base import ClientEnv
     from fedsim.clients.fedavg import FedAvgClient
-    from fedsim.core.training import client_config_from_record, client_config_record
+    from fedsim.core.training import client_config_record
     from fedsim.simulation.flower import message_context
 
     env = ClientEnv.create(scenario, 0, RecordDict())  # type: ignore[arg-type]
@@ -138,5 +141,5 @@ def _observation_for(scenario: object) -> Observation:
     view = ServerView(
         env.scenario.model, env.input_spec, env.bundle.normalization, env.scenario.strategy.name
     )
-    train_config = client_config_from_record(config)
-    return observe_reply(view, 1, sent, config, train_config, reply, "update")
+    intercepted = intercept(1, sent, config, [reply])
+    return view.observe(intercepted, intercepted.replies[0], "update"), intercepted

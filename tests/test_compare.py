@@ -11,10 +11,9 @@ import pytest
 import tomli_w
 from rich.console import Console
 
-from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.cli import main
 from fedsim.core.config import Scenario, ScenarioError
-from fedsim.outputs.run_folder import METRICS_FILE
+from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE
 from fedsim.sweeps.report import PLOT_FILE, REPORT_FILE, RESULTS_FILE, TABLE_CSV, TABLE_MD
 from fedsim.sweeps.runs import MARKER, RUNS_DIR, run_sweep
 from fedsim.sweeps.spec import Configuration, configurations, load_spec

@@ -18,7 +18,6 @@ import torch
 
 from fedsim.attacks import resolve_attack
 from fedsim.attacks.base import Observation
-from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.audit.fidelity import MATCHED, fidelity_residual, residual_note
 from fedsim.clients.fedcg import TaskLoss
 from fedsim.clients.fedprox import proximal_loss
@@ -34,6 +33,7 @@ from fedsim.core.gan import build_generator
 from fedsim.core.models import InputSpec, SplitNet, build_model
 from fedsim.core.training import LossFn, cross_entropy_loss, train_local
 from fedsim.core.truth import GroundTruth
+from fedsim.outputs.run_folder import AUDIT_FILE
 from fedsim.simulation.runner import run_scenario
 
 BUNDLE = load_dataset(DataConfig())

@@ -28,13 +28,12 @@ from rich.console import Console
 
 from fedsim.attacks.precision import attack_precision
 from fedsim.attacks.registry import ATTACKS
-from fedsim.audit.auditor import AUDIT_FILE
 from fedsim.audit.tasks import reserved_workers
 from fedsim.cli import main
 from fedsim.core.components import Resolved
 from fedsim.core.config import ScenarioError, load_scenario
 from fedsim.core.devices import TEST_LOGICAL_GPUS_ENV
-from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
+from fedsim.outputs.run_folder import AUDIT_FILE, CLIENTS_FILE, METRICS_FILE
 from fedsim.scenario.validate import check_gpu_request
 from fedsim.simulation.resources import (
     RESOURCES_FILE,

@@ -141,6 +141,8 @@ class LeakAnalysis(ABC):
     # Cheap analyses run on every client of an audited round; the others (an
     # inversion per class) on the audit's victims only, as the attacks do.
     every_client: ClassVar[bool] = True
+    # Whether `audit.leaks = "auto"` runs it (an expensive one is opted into by name).
+    in_auto: ClassVar[bool] = True
 
     def __init__(self, params: Any, device: torch.device | str = "cpu") -> None:
         self.params = params

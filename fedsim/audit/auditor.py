@@ -1,35 +1,30 @@
-"""Runs the configured attacks on intercepted updates and records the leakage.
+"""The audit's scheduler: which clients to analyse, what runs where, collecting it.
 
-Attacks are Ray tasks holding only observations (:class:`~fedsim.attacks.base.Observation`);
-ground truth stays in the driver and meets the reconstruction in
-:func:`fedsim.core.metrics.score_reconstruction`. Tasks run inside the audit's
-reservation (:mod:`fedsim.simulation.resources`), a placement group of
-``audit.workers`` bundles held for the whole run, so client actors can never
-take their CPUs or GPU share.
+Each audited round arrives as the server intercepted it, every reply read once
+(:class:`~fedsim.audit.observe.InterceptedRound`). Two kinds of work run on it:
 
-A round's victims are cut into ``min(victims, audit.workers)`` tasks per
-attack, each running its victims x restarts as one vmapped optimisation
-(:meth:`~fedsim.attacks.base.Attack.reconstruct_many`), seeded by the round:
-batching changes speed, not results (up to float rounding). On a GPU that
-is one task for the round (the GPU is idle otherwise); on CPU too, batching
-measured faster than one task per victim: on one thread, 8 victims of a
-round in one call ran 3.9x the objective evaluations per second of one victim
-at a time (``bench/dlg_throughput.py``, 10 L-BFGS steps, LeNet-Zhu), so
-``audit.workers`` processes each take a batch.
+- **leak analyses** (:mod:`fedsim.attacks.leakage`: labels, membership, class
+  representatives): the cheap ones on *every* client of the round, the others on
+  the audit's victims, whatever the size of the update; on one driver thread
+  (milliseconds to seconds: less than starting a worker process);
+- **reconstruction attacks** on the victims whose update was computed on at most
+  ``audit.max-images`` examples (a line names the others once per round). They
+  are Ray tasks holding only observations, inside the audit's reservation (a
+  placement group of ``audit.workers`` bundles held for the run,
+  :mod:`fedsim.simulation.resources`), ``min(victims, audit.workers)`` tasks per
+  attack, each optimising its victims x restarts as one vmapped problem
+  (``bench/dlg_throughput.py``: 3.9x the evaluations per second of one at a
+  time). Closed-form attacks run on the driver thread.
 
-Closed-form attacks (:class:`~fedsim.attacks.analytic.AnalyticAttack`: analytic-fc,
-SPEAR, R-GAP) run in the driver instead, on one thread of its own beside the
-server: they take milliseconds, less than a Ray task's round trip, and a worker
-process would first have to import torch and fedsim (seconds). They receive the
-same observations and go through the same scoring; their records say ``cpu``.
-An audit of closed-form attacks alone reserves no Ray worker
-(:func:`~fedsim.audit.tasks.reserved_workers`).
+In ``audit.probe-rounds`` the victims are also probed, a counterfactual: the
+attacks run on one batch's gradient at the sent model, which the server never
+receives; its records say ``probe``.
 
-``sync`` mode waits for a round's attacks at the end of that round (their
-mean PSNR/SSIM join that round's metrics), printing a line every
-:data:`PROGRESS_EVERY_S` seconds while it waits; ``async`` mode lets training
-go on, and every result is written as it completes. All are joined before the
-run ends.
+Ground truth (:class:`~fedsim.core.truth.TruthSource`, from the harness) stays in
+the driver and meets results only in :class:`~fedsim.audit.records.AuditLog`.
+``sync`` mode waits for a round's work at its end and returns the round's
+verdict for ``metrics.csv`` (a line every :data:`PROGRESS_EVERY_S` seconds while
+it waits); ``async`` mode lets training go on. All is joined before the run ends.
 """
 
 from __future__ import annotations
@@ -37,69 +32,83 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Hashable, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import ray
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord
 from rich.console import Console
-from torchvision.utils import save_image
 
-from fedsim.attacks.base import Observation, Reconstruction
-from fedsim.audit.observe import ServerView, observe_reply, reveal_batch_statistics
-from fedsim.audit.scoring import score_attack
+from fedsim.attacks.base import Observation, ThreatModel
+from fedsim.attacks.leakage import LeakInput, PublicData
+from fedsim.audit.candidates import AuditPool, draw_candidates
+from fedsim.audit.leak_scoring import LeakTruth
+from fedsim.audit.observe import (
+    InterceptedReply,
+    InterceptedRound,
+    ProbeGradient,
+    ServerView,
+    reveal_batch_statistics,
+)
+from fedsim.audit.records import AuditLog
+from fedsim.audit.scoring import TaskRun
 from fedsim.audit.tasks import (
     DeviceUse,
     audit_reservation,
+    finished_within,
     remote_attack,
     run_attack,
+    run_leak_analysis,
     runs_in_driver,
     start_board,
 )
-from fedsim.core import protocol
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
-from fedsim.core.protocol import AuditRecord, RoundRecord
+from fedsim.core.protocol import RoundRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
-from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth, TruthSource
-from fedsim.outputs.figures import draw_pairs, scored_pairs
 from fedsim.outputs.progress import AttackProgressLines
-from fedsim.outputs.run_folder import (
-    AUDIT_FILE,
-    AUDIT_IMAGES,
-    VERDICT_FILE,
-    audit_image_name,
-    write_csv_atomic,
-)
-from fedsim.outputs.tables import DEFAULT_SUCCESS_PSNR
-from fedsim.outputs.verdict import round_verdict, verdict_line, victim_verdict
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 PROGRESS_EVERY_S = 30.0  # a line while the round waits for its attacks: never silent
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Victim:
     client: int
     observation: Observation
     truth: GroundTruth | None
 
 
+@dataclass(frozen=True)
+class _Analysed:
+    """One client as a leak analysis sees it, and what its scorer knows."""
+
+    inputs: LeakInput
+    truth: LeakTruth | None
+    candidates: int
+
+    @property
+    def client(self) -> int:
+        return self.inputs.observation.client_id
+
+
 @dataclass
 class _Job:
     round: int
-    attack: Resolved
-    victims: list[_Victim]
-    submitted: float
+    component: Resolved  # an attack, or a leak analysis
+    victims: Sequence[_Victim | _Analysed]
+    submitted: float = 0.0
 
     @property
     def clients(self) -> str:
-        return "client " + "/".join(str(v.client) for v in self.victims)
+        ids = [
+            v.client if isinstance(v, _Victim) else v.inputs.observation.client_id
+            for v in self.victims
+        ]
+        return "client " + "/".join(str(i) for i in ids)
 
 
 def _as_seen_by(attack: Resolved, victim: _Victim) -> _Victim:
@@ -113,7 +122,7 @@ def _as_seen_by(attack: Resolved, victim: _Victim) -> _Victim:
 
 
 class Auditor:
-    """Chooses victims, submits attacks, scores results, writes records."""
+    """Chooses victims, submits attacks and leak analyses, collects what they find."""
 
     def __init__(
         self,
@@ -123,28 +132,34 @@ class Auditor:
         truth: TruthSource | None,
         run_dir: Path,
         console: Console,
+        leaks: Sequence[Resolved] = (),
+        probe_attacks: Sequence[Resolved] = (),
+        pool: AuditPool | None = None,
     ) -> None:
-        """``attacks``: the audit's, resolved (:func:`fedsim.scenario.portfolio.resolve_attacks`;
-        ``cfg.attacks`` is not read). ``truth``: where the scorer learns what victims
-        trained on (from the harness, which knows the clients); without one,
-        reconstructions are recorded unscored and the ``probe`` threat model is
-        unavailable."""
-        if truth is None and cfg.threat_model == "probe":
+        """``attacks``, ``leaks``, ``probe_attacks``: the audit's, resolved
+        (:func:`fedsim.scenario.portfolio.resolve_audit`; ``cfg.attacks`` is not read).
+        ``truth``: where the scorer learns what clients trained on (from the harness,
+        which knows them); without one, results are recorded unscored and the
+        ``probe`` threat model is unavailable. ``pool``: the held-out split's public
+        half and non-members (:class:`~fedsim.audit.candidates.AuditPool`); leak
+        analyses need it."""
+        probing = cfg.threat_model == "probe" or bool(probe_attacks)
+        if truth is None and probing:
             raise ValueError(
                 "the probe threat model computes client gradients: it needs a truth source"
             )
+        if leaks and pool is None:
+            raise ValueError("leak analyses need the server's public data: pass a pool")
         self.cfg = cfg
         self.attacks = tuple(attacks)
+        self.leaks = tuple(leaks)
+        self.probe_attacks = tuple(probe_attacks)
         self.view = view
         self.truth = truth
-        self.run_dir = run_dir
+        self.pool = pool
         self.console = console
-        self.rows: list[dict[str, Any]] = []
-        # verdict.csv's rows by (round, client), recomputed only for victims with new rows:
-        # recomputing every victim after each record grew with the square of the run.
-        self._verdicts: dict[tuple[int, int], dict[str, Any]] = {}
-        self._stale: set[tuple[int, int]] = set()
-        # Ray object refs (attack tasks) or futures (closed-form attacks in the driver).
+        self.log = AuditLog(run_dir, console, cfg.seed)
+        # Ray object refs (attack tasks) or futures (work on the driver thread).
         self._pending: dict[Hashable, _Job] = {}
         self._in_driver: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -154,7 +169,10 @@ class Auditor:
         self._board: Any = None  # a ProgressBoard actor, started with the first attack
         self._progress_lines: dict[str, AttackProgressLines] = {}
 
-    # -- choosing and submitting -------------------------------------------------
+    # -- choosing ----------------------------------------------------------------------
+
+    def audits_round(self, server_round: int) -> bool:
+        return self.cfg.audits_round(server_round) or server_round in self.cfg.probe_rounds
 
     def victims(self, server_round: int, partitions: list[int]) -> list[int]:
         """Which of this round's repliers to attack."""
@@ -165,79 +183,127 @@ class Auditor:
         stream = SeedStream.AUDIT_VICTIMS
         return choose(partitions, self.cfg.victims, stream, self.cfg.seed, server_round)
 
-    def observe_round(
-        self,
-        server_round: int,
-        sent_arrays: ArrayRecord,
-        sent_config: ConfigRecord,
-        replies: list[Message],
-    ) -> None:
-        if not self.cfg.audits_round(server_round):
-            return
-        by_partition = {
-            protocol.read_int(r.content[protocol.METRICS], protocol.PARTITION_ID): r
-            for r in replies
-        }
-        cfg = client_config_from_record(sent_config)
-        targets: list[_Victim] = []
-        for partition in self.victims(server_round, list(by_partition)):
-            reply = by_partition[partition]
-            probe, truth = None, None
-            if self.cfg.threat_model == "probe":
-                assert self.truth is not None  # checked in __init__
-                probe, truth = self.truth.probe(
-                    partition, server_round, cfg, sent_arrays, self.cfg.probe_batch_size
-                )
-            else:
-                metrics = reply.content[protocol.METRICS]
-                count = examples_touched(protocol.read_int(metrics, protocol.NUM_EXAMPLES), cfg)
-                if count > self.cfg.max_images:
-                    self.console.print(
-                        f"  audit round {server_round}: client {partition} trained on {count} "
-                        f"images (> audit.max-images = {self.cfg.max_images}); skipped. Use "
-                        'client.local-steps with a small batch, or threat-model = "probe".'
-                    )
-                    continue
-                if self.truth is not None:
-                    truth = self.truth.update_batch(partition, server_round, cfg)
-            observation = observe_reply(
-                self.view,
-                server_round,
-                sent_arrays,
-                sent_config,
-                cfg,
-                reply,
-                self.cfg.threat_model,
-                probe,
-                self.cfg.probe_batch_size,
+    def observe_round(self, intercepted: InterceptedRound) -> None:
+        """Submit the round's leak analyses and attacks (see the module)."""
+        server_round = intercepted.round
+        chosen = self.victims(server_round, [r.partition for r in intercepted.replies])
+        if self.cfg.audits_round(server_round):
+            threat = self.cfg.threat_model
+            every = any(a.cls.every_client for a in self.leaks)
+            seen = {
+                r.partition: self._victim(intercepted, r, threat)
+                for r in intercepted.replies
+                if r.partition in chosen or every
+            }
+            self._submit_leaks(server_round, chosen, seen)
+            victims = self._reachable([seen[p] for p in chosen])
+            self._submit_attacks(server_round, self.attacks, victims)
+        if server_round in self.cfg.probe_rounds and self.cfg.threat_model != "probe":
+            probed = [self._victim(intercepted, intercepted.reply(p), "probe") for p in chosen]
+            self._submit_attacks(server_round, self.probe_attacks, probed)
+
+    def _victim(
+        self, intercepted: InterceptedRound, reply: InterceptedReply, threat: ThreatModel
+    ) -> _Victim:
+        """One client's observation under ``threat``, with its truth (the scorer's)."""
+        probe, truth = None, None
+        if threat == "probe":
+            assert self.truth is not None  # checked in __init__
+            size = self.cfg.probe_batch_size
+            sent = ArrayRecord(intercepted.sent)
+            gradient, truth = self.truth.probe(
+                reply.partition, intercepted.round, reply.config, sent, size
             )
-            targets.append(_Victim(partition, observation, truth))
-        tasks = min(len(targets), self.cfg.workers)
-        for attack in self.attacks:
-            seen = [_as_seen_by(attack, victim) for victim in targets]
+            probe = ProbeGradient(gradient, size)
+        elif self.truth is not None:
+            truth = self.truth.update_batch(reply.partition, intercepted.round, reply.config)
+        observation = self.view.observe(intercepted, reply, threat, probe)
+        return _Victim(reply.partition, observation, truth)
+
+    def _reachable(self, victims: list[_Victim]) -> list[_Victim]:
+        """The victims whose update a reconstruction can reach (``audit.max-images``)."""
+        limit = self.cfg.max_images
+        beyond = [v for v in victims if v.observation.num_examples > limit]
+        if beyond and self.attacks:
+            sizes = ", ".join(f"{v.client} ({v.observation.num_examples})" for v in beyond)
+            self.console.print(
+                f"  audit round {beyond[0].observation.round}: no reconstruction for client(s) "
+                f"{sizes}: updates computed on more than audit.max-images = {limit} images"
+                + (" (its other kinds of leak are analysed)" if self.leaks else ""),
+                markup=False,
+            )
+        return [v for v in victims if v.observation.num_examples <= limit]
+
+    # -- submitting ----------------------------------------------------------------------
+
+    def _submit_leaks(self, server_round: int, chosen: list[int], seen: dict[int, _Victim]) -> None:
+        for analysis in self.leaks:
+            clients = [p for p in seen if p in chosen or analysis.cls.every_client]
+            victims = [self._analysed(analysis, seen[p]) for p in clients]
+            if victims:
+                self._submit(_Job(server_round, analysis, victims))
+
+    def _analysed(self, analysis: Resolved, victim: _Victim) -> _Analysed:
+        """``victim`` as ``analysis`` receives it: with membership candidates if it asks."""
+        assert self.pool is not None
+        observation, truth = victim.observation, victim.truth
+        public: PublicData = self.pool.public
+        if truth is None:
+            return _Analysed(LeakInput(observation, public), None, 0)
+        if not analysis.cls.needs_candidates:
+            return _Analysed(LeakInput(observation, public), LeakTruth(truth), 0)
+        candidates, members = draw_candidates(
+            truth,
+            self.pool,
+            self.cfg.candidates,
+            self.view.normalization,
+            self.cfg.seed,
+            observation.round,
+            victim.client,
+        )
+        return _Analysed(
+            LeakInput(observation, public, candidates),
+            LeakTruth(truth, members),
+            len(candidates),
+        )
+
+    def _submit_attacks(
+        self, server_round: int, attacks: Sequence[Resolved], victims: list[_Victim]
+    ) -> None:
+        tasks = min(len(victims), self.cfg.workers)
+        for attack in attacks:
+            seen = [_as_seen_by(attack, victim) for victim in victims]
             for first in range(tasks):
-                self._submit(_Job(server_round, attack, seen[first::tasks], 0.0))
+                self._submit(_Job(server_round, attack, seen[first::tasks]))
 
     def _label(self, attack: Resolved) -> str:
         """The attack's name, numbered by its place in ``audit.attacks`` when the
         name occurs more than once (e.g. one attack under several threat models)."""
         names = [a.name for a in self.attacks]
-        if names.count(attack.name) == 1:
+        if attack not in self.attacks or names.count(attack.name) == 1:
             return attack.name
         return f"{attack.name}-{self.attacks.index(attack) + 1}"
 
     def _seed(self, server_round: int) -> int:
         return derive_seed(SeedStream.AUDIT_ATTACK, self.cfg.seed, server_round)
 
+    def _driver(self) -> ThreadPoolExecutor:
+        if self._in_driver is None:
+            self._in_driver = ThreadPoolExecutor(1, thread_name_prefix="fedsim-audit")
+        return self._in_driver
+
     def _submit(self, job: _Job) -> None:
         seed = self._seed(job.round)
-        observations = [v.observation for v in job.victims]
         job.submitted = time.perf_counter()
-        if runs_in_driver(job.attack):
-            if self._in_driver is None:
-                self._in_driver = ThreadPoolExecutor(1, thread_name_prefix="fedsim-closed-form")
-            args = (job.attack, observations, seed, False, None, self.cfg.precision)
-            self._add_pending(self._in_driver.submit(run_attack, *args), job)
+        if isinstance(job.victims[0], _Analysed):
+            inputs = [v.inputs for v in job.victims if isinstance(v, _Analysed)]
+            leaks = (job.component, inputs, seed, self.cfg.num_gpus > 0)
+            self._add_pending(self._driver().submit(run_leak_analysis, *leaks), job)
+            return
+        observations = [v.observation for v in job.victims if isinstance(v, _Victim)]
+        if runs_in_driver(job.component):
+            args = (job.component, observations, seed, False, None, self.cfg.precision)
+            self._add_pending(self._driver().submit(run_attack, *args), job)
             return
         options: dict[str, Any] = {
             "num_cpus": self.cfg.threads_per_attack,
@@ -251,10 +317,10 @@ class Auditor:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
         if self._board is None:
             self._board = start_board()
-        key = f"audit round {job.round}: {self._label(job.attack)} on {job.clients}"
+        key = f"audit round {job.round}: {self._label(job.component)} on {job.clients}"
         self._progress_lines[key] = AttackProgressLines(self.console, key)
         ref = remote_attack.options(**options).remote(
-            job.attack,
+            job.component,
             observations,
             seed,
             self.cfg.num_gpus > 0,
@@ -270,7 +336,7 @@ class Auditor:
         if self.cfg.mode == "async":
             self._ensure_collector()
 
-    # -- collecting --------------------------------------------------------------
+    # -- collecting ----------------------------------------------------------------------
 
     def _ensure_collector(self) -> None:
         if self._collector is None:
@@ -289,9 +355,9 @@ class Auditor:
             self._progress_lines[key](step, total, best)
 
     def _collect(self, timeout: float, only_round: int | None = None, every: bool = False) -> None:
-        """Record finished tasks: the first to finish within ``timeout``, or with
+        """Record finished work: the first to finish within ``timeout``, or with
         ``every`` all that finish within it. The async collector and :meth:`finish`
-        may both collect: a task is recorded by whichever takes it first."""
+        may both collect: a job is recorded by whichever takes it first."""
         self._show_progress()
         with self._lock:
             keys = [
@@ -303,24 +369,40 @@ class Auditor:
             time.sleep(0.05 if timeout else 0)
             return
         recorded = False
-        for key in _finished(keys, timeout, every):
+        for key in finished_within(keys, timeout, every):
             with self._lock:
                 job = self._pending.pop(key, None)
             if job is None:
                 continue
-            recs, use = key.result() if isinstance(key, Future) else ray.get(key)  # type: ignore[call-overload]
-            share = DeviceUse(use.device, use.gpu_seconds / len(recs), use.peak_gpu_mb)
-            for victim, rec in zip(job.victims, recs, strict=True):
-                self._record(job, victim, rec, share)
-                recorded = True
+            results, use = key.result() if isinstance(key, Future) else ray.get(key)  # type: ignore[call-overload]
+            self._record(job, results, use)
+            recorded = True
         if recorded:  # once per batch of records, not per record
-            with self._lock:
-                self._write_rows()
+            self.log.write()
+
+    def _record(self, job: _Job, results: list[Any], use: DeviceUse) -> None:
+        wall = time.perf_counter() - job.submitted
+        for victim, result in zip(job.victims, results, strict=True):
+            if isinstance(victim, _Analysed):
+                self.log.leak(
+                    job.component,
+                    victim.inputs.observation,
+                    result,
+                    victim.truth,
+                    victim.candidates,
+                )
+                continue
+            share = DeviceUse(use.device, use.gpu_seconds / len(results), use.peak_gpu_mb)
+            run = TaskRun(self._seed(job.round), share, wall)
+            label = self._label(job.component)
+            self.log.reconstruction(
+                job.component, label, victim.observation, victim.truth, result, run
+            )
 
     def _wait(self, server_round: int | None) -> None:
-        """Collect ``server_round``'s attacks (``None``: all), printing what still runs
-        every :data:`PROGRESS_EVERY_S` seconds. Their resources are reserved, so they
-        run; an attack only takes its time."""
+        """Collect ``server_round``'s work (``None``: all), printing what still runs
+        every :data:`PROGRESS_EVERY_S` seconds. Its resources are reserved, so it
+        runs; an attack only takes its time."""
         started = last_line = time.perf_counter()
         while True:
             self._collect(timeout=PROGRESS_POLL, only_round=server_round, every=True)
@@ -336,121 +418,40 @@ class Auditor:
                 continue
             last_line = time.perf_counter()
             names = ", ".join(
-                f"{self._label(j.attack)} on {j.clients} (round {j.round})" for j in still[:4]
+                f"{self._label(j.component)} on {j.clients} (round {j.round})" for j in still[:4]
             )
             self.console.print(
-                f"  audit: waiting for {len(still)} attack task(s): "
+                f"  audit: waiting for {len(still)} task(s): "
                 f"{names}{', ...' if len(still) > 4 else ''}; "
                 f"{time.perf_counter() - started:.0f} s",
                 markup=False,
             )
 
-    def _record(self, job: _Job, victim: _Victim, rec: Reconstruction, use: DeviceUse) -> None:
-        obs, truth = victim.observation, victim.truth
-        label = self._label(job.attack)
-        wall = time.perf_counter() - job.submitted
-        record, score = score_attack(
-            job.attack, label, obs, truth, rec, self._seed(job.round), use, wall
-        )
-        folder = self.run_dir / AUDIT_IMAGES
-        folder.mkdir(exist_ok=True)
-        image = folder / audit_image_name(job.round, victim.client, label)
-        if truth is not None and score is not None:
-            draw_pairs(
-                image,
-                scored_pairs(truth.images, truth.labels, rec.images, rec.labels, score),
-                f"round {job.round}, client {victim.client}: {label} "
-                f"({obs.threat_model}), label acc. {score.label_accuracy:.0%}",
-            )
-        else:  # nothing to pair with: the reconstructions alone, in one row
-            save_image(rec.images.detach().cpu().clamp(0, 1), image, nrow=len(rec.images))
-        with self._lock:
-            self.rows.append(record.to_row())
-            self._stale.add((job.round, victim.client))
-        scored = (
-            f"PSNR {record.psnr:.2f} dB, SSIM {record.ssim:.3f}, labels {record.label_acc:.0%}"
-            if score
-            else "unscored (no truth source)"
-        )
-        self.console.print(
-            f"  audit round {job.round}: {label} on client {victim.client} "
-            f"({obs.threat_model}): {scored} ({record.seconds:.1f}s)"
-        )
+    # -- loop hooks ----------------------------------------------------------------------
 
-    # -- loop hooks --------------------------------------------------------------
+    def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> dict[str, float]:
+        """Sync mode: finish this round's work; its verdict, for the round's metrics."""
+        if self.cfg.mode != "sync" or not self.audits_round(record.round):
+            return {}
+        self._wait(record.round)
+        return self.log.round_verdict(record.round)
 
-    def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:
-        """Sync mode: finish this round's attacks; add the round's verdict to its metrics."""
-        if self.cfg.mode == "sync":
-            self._wait(record.round)
-            with self._lock:
-                if self._stale:
-                    self._write_rows()
-                rows = [v for (r, _), v in sorted(self._verdicts.items()) if r == record.round]
-            if rows:
-                verdicts = pd.DataFrame(rows)
-                verdict = round_verdict(verdicts, record.round, self.cfg.seed, DEFAULT_SUCCESS_PSNR)
-                record.server.update(verdict)
-                self.console.print(verdict_line(record.round, verdict, verdicts), markup=False)
+    # -- checkpointing (fedsim.simulation.checkpoint.Checkpointable) ----------------------
 
-    # -- checkpointing (fedsim.simulation.checkpoint.Checkpointable) ------------------------
-
-    checkpoint_key = "audit"
+    checkpoint_key = AuditLog.checkpoint_key
 
     def state_dict(self) -> dict[str, Any]:
-        """Finished audit rows. In async mode attacks still running at a
-        checkpoint are not in it: a resumed run does not redo them."""
-        with self._lock:
-            return {"rows": [dict(r) for r in self.rows]}
+        return self.log.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        with self._lock:
-            self.rows = [dict(r) for r in state.get("rows", [])]
-            self._verdicts, self._stale = {}, {_victim_key(r) for r in self.rows}
-            if self.rows:
-                self._write_rows()
-
-    def _write_rows(self) -> None:
-        """``audit.csv`` and the verdicts derived from it (``verdict.csv``); the caller
-        holds the lock."""
-        order = [AuditRecord.column(c) for c in ("round", "client", "attack")]
-        rows = sorted(self.rows, key=lambda r: tuple(r[c] for c in order))
-        write_csv_atomic(rows, self.run_dir / AUDIT_FILE)
-        for key in self._stale:
-            group = pd.DataFrame([r for r in rows if _victim_key(r) == key])
-            self._verdicts[key] = victim_verdict(group).to_row()
-        self._stale.clear()
-        write_csv_atomic(
-            [self._verdicts[key] for key in sorted(self._verdicts)], self.run_dir / VERDICT_FILE
-        )
+        self.log.load_state_dict(state)
 
     def finish(self) -> None:
-        """Join every outstanding attack (called before the run ends)."""
+        """Join every outstanding task (called before the run ends)."""
         self._closing.set()
         self._wait(None)
         if self._collector is not None:
             self._collector.join()
         if self._in_driver is not None:
             self._in_driver.shutdown()
-
-
-def _victim_key(row: dict[str, Any]) -> tuple[int, int]:
-    """An ``audit.csv`` row's (round, client)."""
-    return int(row[AuditRecord.column("round")]), int(row[AuditRecord.column("client")])
-
-
-def _finished(keys: Sequence[Hashable], timeout: float, every: bool) -> list[Hashable]:
-    """Which of ``keys`` (Ray refs and futures) finished within ``timeout``: the first
-    one, or with ``every`` all that did. Futures in the driver finish in
-    milliseconds; when Ray tasks are pending too, the wait is Ray's."""
-    futures = [k for k in keys if isinstance(k, Future)]
-    refs = [k for k in keys if not isinstance(k, Future)]
-    done: list[Hashable] = [f for f in futures if f.done()]
-    if refs:
-        wait_s = 0.0 if done and not every else timeout
-        ready, _ = ray.wait(refs, num_returns=len(refs) if every else 1, timeout=wait_s)
-        return done + list(ready)
-    if done and not every:
-        return done
-    until = ALL_COMPLETED if every else FIRST_COMPLETED
-    return list(wait_futures(futures, timeout=timeout, return_when=until).done)
+        self.log.write()

@@ -37,8 +37,8 @@ from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, AttackSetting, Observation, Reconstruction, SharedKind
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.attacks.registry import resolve_attack
-from fedsim.audit.observe import ServerView
-from fedsim.audit.scoring import score_attack
+from fedsim.audit.observe import InterceptedReply, InterceptedRound, ProbeGradient, ServerView
+from fedsim.audit.scoring import TaskRun, score_attack
 from fedsim.audit.tasks import DeviceUse
 from fedsim.core.components import Resolved
 from fedsim.core.config import (
@@ -127,15 +127,11 @@ def gradient_probe(
     if shared_kind == "update":
         shared = {n: global_params[n] - config.lr * g for n, g in gradient.items()}
     view = ServerView(model_config, input_spec, normalization, strategy)
+    sent = InterceptedRound(round, global_params, config, 0.0, ())
+    # The probe's client uploads nothing beside it: its gradient is all the server sees.
+    reply = InterceptedReply(client_id, len(inputs), len(inputs), config, {})
     observation = view.observe(
-        round,
-        client_id,
-        "probe",
-        shared,
-        global_params,
-        config,
-        len(inputs),
-        shared_kind=shared_kind,
+        sent, reply, "probe", ProbeGradient(shared, len(inputs)), shared_kind=shared_kind
     )
     truth = GroundTruth(normalization.to_pixels(inputs.detach().cpu()).clamp(0, 1), labels.cpu())
     return Probe(observation, truth)
@@ -369,7 +365,12 @@ def run_attack_experiment(
     label = experiment.attack
     scored = [
         score_attack(
-            resolved, experiment.attack, p.observation, p.truth, rec, seed, use, rec.seconds
+            resolved,
+            experiment.attack,
+            p.observation,
+            p.truth,
+            rec,
+            TaskRun(seed, use, rec.seconds),
         )
         for p, rec in zip(probes, recs, strict=True)
     ]

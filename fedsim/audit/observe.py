@@ -26,8 +26,84 @@ from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ModelConfig
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec, batch_statistics, build_model
-from fedsim.core.training import examples_touched
+from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth
+
+
+@dataclass(frozen=True)
+class InterceptedReply:
+    """One client's training reply, read once where it arrives.
+
+    ``arrays``: every tensor it uploaded; ``config``: the client config it trained
+    with (the round's, with a straggler's smaller ``local-epochs`` as its reply
+    echoes it); ``examples_touched``: the examples its update was computed on
+    (public: the reported size, the batch size and the steps).
+    """
+
+    partition: int
+    reported_examples: int
+    examples_touched: int
+    config: ClientConfig
+    arrays: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class InterceptedRound:
+    """What the server sent in one training round and the replies it got back."""
+
+    round: int
+    sent: dict[str, torch.Tensor]
+    config: ClientConfig
+    proximal_mu: float
+    replies: tuple[InterceptedReply, ...]
+
+    def reply(self, partition: int) -> InterceptedReply:
+        """The reply of client ``partition``."""
+        return next(r for r in self.replies if r.partition == partition)
+
+
+def _tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in record.to_torch_state_dict().items()}
+
+
+def intercept(
+    server_round: int, sent_arrays: ArrayRecord, sent_config: ConfigRecord, replies: list[Message]
+) -> InterceptedRound:
+    """Read a round's sent model, config and replies once, for every analysis after."""
+    config = client_config_from_record(sent_config)
+    read = []
+    for reply in replies:
+        metrics = reply.content[protocol.METRICS]
+        own = config
+        if protocol.LOCAL_EPOCHS in metrics:  # a straggler trained fewer epochs
+            own = dataclasses.replace(
+                config, local_epochs=protocol.read_int(metrics, protocol.LOCAL_EPOCHS)
+            )
+        reported = protocol.read_int(metrics, protocol.NUM_EXAMPLES)
+        read.append(
+            InterceptedReply(
+                partition=protocol.read_int(metrics, protocol.PARTITION_ID),
+                reported_examples=reported,
+                examples_touched=examples_touched(reported, own),
+                config=own,
+                arrays=_tensors(reply.content[protocol.ARRAYS]),  # type: ignore[arg-type]
+            )
+        )
+    return InterceptedRound(
+        server_round,
+        _tensors(sent_arrays),
+        config,
+        float(sent_config.get(protocol.PROXIMAL_MU, 0.0)),  # type: ignore[arg-type]
+        tuple(sorted(read, key=lambda r: r.partition)),
+    )
+
+
+@dataclass(frozen=True)
+class ProbeGradient:
+    """A probe: one batch's gradient at the sent model, as the client would share it."""
+
+    gradient: dict[str, torch.Tensor]
+    batch_size: int
 
 
 @dataclass(frozen=True)
@@ -50,25 +126,28 @@ class ServerView:
 
     def observe(
         self,
-        server_round: int,
-        client_id: int,
+        intercepted: InterceptedRound,
+        reply: InterceptedReply,
         threat_model: ThreatModel,
-        shared: dict[str, torch.Tensor],
-        sent: dict[str, torch.Tensor],
-        train_config: ClientConfig,
-        num_examples: int,
-        proximal_mu: float = 0.0,
-        uploads: dict[str, torch.Tensor] | None = None,
+        probe: ProbeGradient | None = None,
         shared_kind: SharedKind | None = None,
     ) -> Observation:
-        """The one way an :class:`Observation` is built: ``shared`` as received (the
-        probe's gradients, or the reply's model tensors), ``sent`` the server's whole
-        state, split here into the model's parameters and the rest. ``shared_kind``
-        defaults to what the threat model shares (a probe's gradients, a reply's update)."""
+        """The one way an :class:`Observation` is built: what ``reply`` uploaded, or for
+        the ``probe`` threat model ``probe``'s gradient on the same shared names (all the
+        model's when the reply uploaded none). ``shared_kind`` defaults to what the threat
+        model shares (a probe's gradients, a reply's update)."""
         names = self.parameter_names
+        shared = {k: v for k, v in reply.arrays.items() if k in names}
+        num_examples = reply.examples_touched
+        if threat_model == "probe":
+            assert probe is not None, "a probe observation needs the probe gradient"
+            wanted = shared or probe.gradient
+            shared = {k: probe.gradient[k] for k in wanted if k in probe.gradient}
+            num_examples = probe.batch_size
+        sent = intercepted.sent
         return Observation(
-            round=server_round,
-            client_id=client_id,
+            round=intercepted.round,
+            client_id=reply.partition,
             threat_model=threat_model,
             shared_kind=shared_kind or ("gradient" if threat_model == "probe" else "update"),
             shared=shared,
@@ -76,59 +155,13 @@ class ServerView:
             model=self.model,
             input_spec=self.input_spec,
             normalization=self.normalization,
-            train_config=train_config,
+            train_config=reply.config,
             num_examples=num_examples,
             strategy=self.strategy,
-            proximal_mu=proximal_mu,
-            extra_uploads=dict(uploads or {}),
+            proximal_mu=intercepted.proximal_mu,
+            extra_uploads={k: v for k, v in reply.arrays.items() if k not in names},
             extra_sent={k: v for k, v in sent.items() if k not in names},
         )
-
-
-def _tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in record.to_torch_state_dict().items()}
-
-
-def observe_reply(
-    view: ServerView,
-    server_round: int,
-    sent_arrays: ArrayRecord,
-    sent_config: ConfigRecord,
-    train_config: ClientConfig,
-    reply: Message,
-    threat_model: ThreatModel,
-    probe_gradient: dict[str, torch.Tensor] | None = None,
-    probe_batch_size: int = 0,
-) -> Observation:
-    """What the server saw of one client in one round.
-
-    ``train_config`` is ``sent_config`` read as a client config. For the
-    ``update`` threat model ``shared`` is the client's uploaded model tensors;
-    for ``probe`` it is ``probe_gradient`` (one batch's gradient at the sent
-    model, on the same shared names) and ``num_examples`` is that batch's size.
-    """
-    names = view.parameter_names
-    uploaded = _tensors(reply.content[protocol.ARRAYS])  # type: ignore[arg-type]
-    shared = {k: v for k, v in uploaded.items() if k in names}
-    uploads = {k: v for k, v in uploaded.items() if k not in names}
-    metrics = reply.content[protocol.METRICS]
-    # The examples the upload was computed on (public: reported size, batch, steps).
-    num_examples = examples_touched(protocol.read_int(metrics, protocol.NUM_EXAMPLES), train_config)
-    if threat_model == "probe":
-        assert probe_gradient is not None, "a probe observation needs the probe gradient"
-        shared = {k: probe_gradient[k] for k in shared}
-        num_examples = probe_batch_size
-    return view.observe(
-        server_round,
-        protocol.read_int(metrics, protocol.PARTITION_ID),
-        threat_model,
-        shared,
-        _tensors(sent_arrays),
-        train_config,
-        num_examples,
-        proximal_mu=float(sent_config.get(protocol.PROXIMAL_MU, 0.0)),  # type: ignore[arg-type]
-        uploads=uploads,
-    )
 
 
 def reveal_batch_statistics(observation: Observation, truth: GroundTruth) -> Observation:

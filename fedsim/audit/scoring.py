@@ -8,6 +8,7 @@ and for ``fedsim attack`` alike, so both write the same record schema.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from fedsim.attacks.base import Observation, Reconstruction
@@ -26,20 +27,28 @@ class Scored(NamedTuple):
     score: ReconstructionScore | None
 
 
+@dataclass(frozen=True)
+class TaskRun:
+    """How an attack's task ran: its seed, where, and its wall time from submission."""
+
+    seed: int
+    use: DeviceUse
+    wall_seconds: float
+
+
 def score_attack(
     attack: Resolved,
     label: str,
     observation: Observation,
     truth: GroundTruth | None,
     rec: Reconstruction,
-    seed: int,
-    use: DeviceUse,
-    wall_seconds: float,
+    run: TaskRun,
 ) -> Scored:
     """Score ``rec`` (what ``attack``, named ``label`` in the records, recovered from
-    ``observation``) against ``truth``; unscored (NaN) without one. ``seed``: the
+    ``observation``) against ``truth``; unscored (NaN) without one. ``run.seed``: the
     attack task's, for the residuals (a victim batched with others may have drawn
     other random estimates of private layers, which the residual shows anyway)."""
+    seed, use = run.seed, run.use
     score, residual = None, math.nan
     if truth is not None:
         score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
@@ -67,7 +76,7 @@ def score_attack(
         diverged_restarts=int(rec.details.get("diverged_restarts", 0)),
         final_objective=rec.final_objective,
         seconds=rec.seconds,
-        wall_seconds=wall_seconds,
+        wall_seconds=run.wall_seconds,
         attack_params=attack.params_text(),
         batchnorm=batchnorm,
         fidelity_residual=residual,

@@ -10,8 +10,10 @@ or GPU share.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -19,6 +21,7 @@ import torch
 
 from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.leakage import Leak, LeakInput
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
@@ -116,6 +119,20 @@ def run_attack(
     )
 
 
+def run_leak_analysis(
+    analysis: Resolved, inputs: Sequence[LeakInput], seed: int, want_gpu: bool
+) -> tuple[list[Leak], DeviceUse]:
+    """Run one leak analysis on a round's clients in one call (on the driver's thread).
+
+    A leak that does not time itself gets its share of the call's seconds."""
+    device = gpu_if(want_gpu)
+    started = time.perf_counter()
+    leaks = analysis.create(device=device).analyse_many(inputs, seed=seed)
+    share = (time.perf_counter() - started) / max(1, len(leaks))
+    timed = [leak if leak.seconds else replace(leak, seconds=share) for leak in leaks]
+    return timed, DeviceUse(device.type, 0.0, 0.0)
+
+
 # Typed Any: Ray's stubs type remote functions of at most five arguments.
 remote_attack: Any = ray.remote(run_attack)
 
@@ -130,3 +147,20 @@ def audit_reservation() -> Any:
         return get_placement_group(AUDIT_RESERVATION_NAME)
     except ValueError:
         return None
+
+
+def finished_within(keys: Sequence[Hashable], timeout: float, every: bool) -> list[Hashable]:
+    """Which of ``keys`` (Ray refs and futures) finished within ``timeout``: the first
+    one, or with ``every`` all that did. Futures in the driver finish in
+    milliseconds; when Ray tasks are pending too, the wait is Ray's."""
+    futures = [k for k in keys if isinstance(k, Future)]
+    refs = [k for k in keys if not isinstance(k, Future)]
+    done: list[Hashable] = [f for f in futures if f.done()]
+    if refs:
+        wait_s = 0.0 if done and not every else timeout
+        ready, _ = ray.wait(refs, num_returns=len(refs) if every else 1, timeout=wait_s)
+        return done + list(ready)
+    if done and not every:
+        return done
+    until = ALL_COMPLETED if every else FIRST_COMPLETED
+    return list(wait_futures(futures, timeout=timeout, return_when=until).done)

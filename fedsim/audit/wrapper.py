@@ -27,20 +27,20 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from fedsim.audit.observe import InterceptedRound, intercept
 from fedsim.core import protocol
 from fedsim.strategies.base import EngineHooks, FedsimStrategy
 
 
 class ReplyObserver(Protocol):
-    """Receives what the server sent and got back in one training round."""
+    """Receives what the server sent and got back in the training rounds it audits."""
 
-    def observe_round(
-        self,
-        server_round: int,
-        sent_arrays: ArrayRecord,
-        sent_config: ConfigRecord,
-        replies: list[Message],
-    ) -> None: ...
+    def audits_round(self, server_round: int) -> bool:
+        """Whether ``server_round``'s replies are to be read at all."""
+        ...
+
+    def observe_round(self, intercepted: InterceptedRound) -> None:
+        """A round's sent model and config and its replies, each read once."""
 
     def finish(self) -> None:
         """Complete what was observed (called when Flower's ``start`` returns)."""
@@ -109,9 +109,9 @@ class AuditedStrategy(FedsimStrategy):
         replies = list(replies)
         # Observe first: some aggregators take the arrays out of the replies
         # (Flower's FedMedian pops them); the observer only reads.
-        if self._sent is not None:
+        if self._sent is not None and self.observer.audits_round(server_round):
             ok = [r for r in replies if not r.has_error()]
-            self.observer.observe_round(server_round, *self._sent, ok)
+            self.observer.observe_round(intercept(server_round, *self._sent, ok))
         return self.inner.aggregate_train(server_round, replies)
 
     def configure_evaluate(

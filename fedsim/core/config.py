@@ -425,7 +425,17 @@ class AuditConfig:
 
     enabled: bool = False
     attacks: tuple[ComponentConfig, ...] | Literal["auto"] = AUTO
+    # The other kinds of leak (labels, membership, class representatives): analysis
+    # tables, "auto" (every registered analysis that applies), or [] for none.
+    leaks: tuple[ComponentConfig, ...] | Literal["auto"] = AUTO
     threat_model: Literal["update", "probe"] = "update"
+    # Rounds whose victims are also probed, as a counterfactual: the reconstruction
+    # attacks run on one batch's gradient at the sent model, which the server of an
+    # ``update`` audit never receives (labelled "probe" in every output).
+    probe_rounds: tuple[int, ...] = ()
+    # Membership candidates per victim: up to this many records it trained on this
+    # round and as many non-members with its class mix from the held-out split.
+    candidates: int = 100
     probe_batch_size: int = 1
     rounds: tuple[int, ...] = ()
     every: int = 1
@@ -461,6 +471,13 @@ class AuditConfig:
         )
         require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
         require(self.max_images >= 1, "max-images", self.max_images, "must be >= 1")
+        require(
+            all(r >= 1 for r in self.probe_rounds),
+            "probe-rounds",
+            self.probe_rounds,
+            "rounds are >= 1",
+        )
+        require(self.candidates >= 2, "candidates", self.candidates, "must be >= 2")
         require_seed(self.seed, "seed")
 
     def audits_round(self, server_round: int) -> bool:
@@ -598,7 +615,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     partitioner = _component(data_table.pop("partitioner", None), "data.partitioner", "iid")
     generator = _table(data_table.pop("generator", {}), "data.generator")
     audit_table = _table(tables.pop("audit", {}), "audit")
-    attack_tables = audit_table.pop("attacks", None)
+    listed = {key: audit_table.pop(key, None) for key in ("attacks", "leaks")}
     defence_tables = tables.pop("defences", [])
     require(
         isinstance(defence_tables, list),
@@ -617,21 +634,29 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         ),
         defences=tuple(_component(t, f"defences[{i}]", "") for i, t in enumerate(defence_tables)),
     )
-    if attack_tables is not None:
-        require(
-            isinstance(attack_tables, list) or attack_tables == AUTO,
-            "audit.attacks",
-            attack_tables,
-            f'must be "{AUTO}" or a list of attack tables',
-        )
-        attacks: tuple[ComponentConfig, ...] | Literal["auto"] = AUTO
-        if attack_tables != AUTO:
-            attacks = tuple(
-                _component(t, f"audit.attacks[{i}]", "dlg") for i, t in enumerate(attack_tables)
-            )
-        audit = dataclasses.replace(scenario.audit, attacks=attacks)  # re-runs the checks
-        scenario = dataclasses.replace(scenario, audit=audit)
-    return scenario
+    audit = scenario.audit
+    for key, tables in listed.items():
+        if tables is not None:
+            default = "dlg" if key == "attacks" else ""
+            parsed = _components_or_auto(tables, f"audit.{key}", default)
+            audit = dataclasses.replace(audit, **{key: parsed})  # type: ignore[arg-type]
+    # The replace re-runs the checks.
+    return dataclasses.replace(scenario, audit=audit) if audit != scenario.audit else scenario
+
+
+def _components_or_auto(
+    tables: Any, key: str, default: str
+) -> tuple[ComponentConfig, ...] | Literal["auto"]:
+    """``"auto"`` or a list of component tables (``audit.attacks``, ``audit.leaks``)."""
+    require(
+        isinstance(tables, list) or tables == AUTO,
+        key,
+        tables,
+        f'must be "{AUTO}" or a list of tables {{name = "...", ...}}',
+    )
+    if tables == AUTO:
+        return AUTO
+    return tuple(_component(t, f"{key}[{i}]", default) for i, t in enumerate(tables))
 
 
 def path_kind(path: Path) -> str:
@@ -695,8 +720,9 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     generator = table["data"].pop("generator")
     if generator["params"]:  # a table of parameters only: data.dataset names the generator
         table["data"]["generator"] = generator["params"]
-    if scenario.audit.attacks != AUTO:
-        table["audit"]["attacks"] = [_inline_component(a) for a in table["audit"]["attacks"]]
+    for key in ("attacks", "leaks"):
+        if getattr(scenario.audit, key) != AUTO:
+            table["audit"][key] = [_inline_component(a) for a in table["audit"][key]]
     table["defences"] = [_inline_component(d) for d in table["defences"]]
     return typing.cast(dict[str, Any], table)
 

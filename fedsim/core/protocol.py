@@ -12,6 +12,7 @@ client) and a ``MetricRecord`` under :data:`METRICS` (client to server).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -97,9 +98,32 @@ AUDIT_SUCCESS_LOW = "audit-success-low"
 AUDIT_SUCCESS_HIGH = "audit-success-high"
 AUDIT_VICTIMS = "audit-victims"
 AUDIT_LOWER_BOUND = "audit-lower-bound"
+# The verdict of each other kind of leak (leaks.csv), the median over the round's
+# clients with its 95 % bootstrap interval: labels, the TV distance between the
+# estimated and true class proportions (lower leaks more; its uniform guess's beside
+# it); membership, the AUC and the TPR at 1 % FPR; class representatives, the SSIM
+# to the class-mean image (in feature space, the cosine to the class-mean feature).
+AUDIT_LABEL_TV = "audit-label-tv"
+AUDIT_LABEL_TV_LOW = "audit-label-tv-low"
+AUDIT_LABEL_TV_HIGH = "audit-label-tv-high"
+AUDIT_LABEL_TV_UNIFORM = "audit-label-tv-uniform"
+AUDIT_MEMBERSHIP_AUC = "audit-membership-auc"
+AUDIT_MEMBERSHIP_AUC_LOW = "audit-membership-auc-low"
+AUDIT_MEMBERSHIP_AUC_HIGH = "audit-membership-auc-high"
+AUDIT_MEMBERSHIP_TPR = "audit-membership-tpr-1pct"
+AUDIT_REPRESENTATIVES_SSIM = "audit-representatives-ssim"
+AUDIT_REPRESENTATIVES_COSINE = "audit-representatives-cosine"
+AUDIT_LEAK_CLIENTS = "audit-leak-clients"
+AUDIT_LEAK_COLUMNS = (
+    *(AUDIT_LABEL_TV, AUDIT_LABEL_TV_LOW, AUDIT_LABEL_TV_HIGH, AUDIT_LABEL_TV_UNIFORM),
+    *(AUDIT_MEMBERSHIP_AUC, AUDIT_MEMBERSHIP_AUC_LOW, AUDIT_MEMBERSHIP_AUC_HIGH),
+    *(AUDIT_MEMBERSHIP_TPR, AUDIT_REPRESENTATIVES_SSIM, AUDIT_REPRESENTATIVES_COSINE),
+    AUDIT_LEAK_CLIENTS,
+)
 AUDIT_COLUMNS = (
     *(AUDIT_PSNR, AUDIT_PSNR_LOW, AUDIT_PSNR_HIGH, AUDIT_SSIM, AUDIT_LABEL_ACC),
     *(AUDIT_SUCCESS, AUDIT_SUCCESS_LOW, AUDIT_SUCCESS_HIGH, AUDIT_VICTIMS, AUDIT_LOWER_BOUND),
+    *AUDIT_LEAK_COLUMNS,
 )
 # FedCG's server distillation: teacher-student KL on held-out codes before it,
 # of the distilled pair, and of the pair kept (the distilled one only when it
@@ -238,6 +262,70 @@ class VerdictRecord:
     pick_psnr: float
     pick_ssim: float
     pick_residual: float
+    # The other kinds of leak (leaks.csv), each the strongest analysis on this client:
+    # the lowest label TV distance, the highest membership AUC (with its interval and
+    # TPR at 1 % FPR), the highest representatives' SSIM (or feature cosine).
+    label_tv: float = float("nan")
+    label_tv_uniform: float = float("nan")
+    label_analysis: str = ""
+    membership_auc: float = float("nan")
+    membership_auc_low: float = float("nan")
+    membership_auc_high: float = float("nan")
+    membership_tpr_1pct: float = float("nan")
+    membership_analysis: str = ""
+    representatives_ssim: float = float("nan")
+    representatives_cosine: float = float("nan")
+    representatives_analysis: str = ""
+
+    def to_row(self) -> dict[str, Any]:
+        """The CSV row, kebab-case keys in field order."""
+        return {kebab(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class LeakRecord:
+    """One row of ``leaks.csv``: one leak analysis on one client in one round.
+
+    ``kind`` says which columns hold its scores (the others are empty):
+    ``labels`` the ``label-*``, ``membership`` the ``membership-*`` (each with its
+    95 % bootstrap interval over the candidates), ``representatives`` the
+    ``representatives-*``. ``examples``: what the update was computed on.
+    """
+
+    round: int
+    client: int
+    strategy: str
+    kind: str
+    analysis: str
+    threat_model: str
+    shared_kind: str
+    examples: int
+    label_tv: float = math.nan
+    label_tv_uniform: float = math.nan
+    label_attributed: float = math.nan
+    label_top_right: float = math.nan
+    label_estimate: str = ""  # estimated examples per class, rounded, ";"-separated
+    label_truth: str = ""  # true examples per class
+    candidates: int = 0
+    membership_auc: float = math.nan
+    membership_auc_low: float = math.nan
+    membership_auc_high: float = math.nan
+    membership_tpr_1pct: float = math.nan
+    membership_tpr_1pct_low: float = math.nan
+    membership_tpr_1pct_high: float = math.nan
+    membership_tpr_01pct: float = math.nan
+    membership_tpr_01pct_low: float = math.nan
+    membership_tpr_01pct_high: float = math.nan
+    representatives: int = 0
+    representatives_space: str = ""  # "pixels" (inverted to images) or "features"
+    representatives_psnr: float = math.nan  # to the class-mean image
+    representatives_ssim: float = math.nan
+    representatives_psnr_nearest: float = math.nan  # to the nearest image of its class
+    representatives_ssim_nearest: float = math.nan
+    representatives_cosine: float = math.nan  # to the class-mean feature vector
+    converged: bool = True
+    seconds: float = 0.0
+    analysis_params: str = ""
 
     def to_row(self) -> dict[str, Any]:
         """The CSV row, kebab-case keys in field order."""

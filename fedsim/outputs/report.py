@@ -32,14 +32,13 @@ from fedsim.core import protocol
 from fedsim.core.metrics import EXACT_PSNR
 from fedsim.core.protocol import AuditRecord
 from fedsim.outputs.figures import data_uri, figure_png
+from fedsim.outputs.leak_report import leak_context, reconstruction_tables
 from fedsim.outputs.report_templates import TEMPLATES
 from fedsim.outputs.run_folder import (
-    AUDIT_FILE,
-    AUDIT_IMAGES,
     METRICS_FILE,
     REPORT_FILE,
     SCENARIO_FILE,
-    audit_image_name,
+    read_audit,
     read_wall_seconds,
 )
 from fedsim.outputs.tables import (
@@ -51,6 +50,7 @@ from fedsim.outputs.tables import (
     comparison_table,
     duration,
     formatted_rows,
+    leak_verdict_table,
     round_verdict_table,
     sweep_runs_table,
 )
@@ -199,22 +199,6 @@ def audit_curves_figure(audit: pd.DataFrame, success_psnr: float) -> Figure:
     return fig
 
 
-def _reconstruction_rounds(run_dir: Path, audit: pd.DataFrame) -> list[dict[str, Any]]:
-    col = AuditRecord.column
-    out = []
-    for server_round in sorted(set(audit[col("round")])):
-        group = audit[audit[col("round")] == server_round]
-        grids = []
-        for client, attack in zip(group[col("client")], group[col("attack")], strict=True):
-            name = audit_image_name(int(server_round), int(client), str(attack))
-            path = run_dir / AUDIT_IMAGES / name
-            if path.is_file():
-                grids.append({"name": name, "uri": data_uri(path.read_bytes())})
-        if grids:
-            out.append({"number": int(server_round), "grids": grids})
-    return out
-
-
 def _plan_files(run_dir: Path) -> list[dict[str, str]]:
     found = sorted({p for pattern in PLAN_PATTERNS for p in run_dir.glob(pattern) if p.is_file()})
     return [{"name": p.name, "text": p.read_text(errors="replace")} for p in found]
@@ -249,21 +233,28 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
     scenario_file = run_dir / SCENARIO_FILE
     scenario = scenario_file.read_text() if scenario_file.is_file() else "(no scenario.toml)"
     name = tomllib.loads(scenario).get("name", run_dir.name) if scenario_file.is_file() else ""
-    audit_file = run_dir / AUDIT_FILE
-    audit = pd.read_csv(audit_file) if audit_file.is_file() else pd.DataFrame()
+    audit, leaks = read_audit(run_dir)
     context: dict[str, Any] = {
         "title": f"fedsim run: {name}",
         "subtitle": str(run_dir),
         "overview": _overview(run_dir, metrics),
         "curves": data_uri(figure_png(curves_figure(metrics))) if len(metrics) else "",
         "audited": not audit.empty,
+        "leaks_audited": not leaks.empty,
         "plan": _plan_files(run_dir),
         "scenario": scenario,
         "success_psnr": f"{success_psnr:g}",
     }
+    # Derived from audit.csv and leaks.csv, as verdict.csv is.
+    verdicts = victim_verdicts(audit, leaks)
+    if not leaks.empty:
+        table = leak_verdict_table(verdicts, audit_seed(run_dir)).table
+        context.update(
+            leak_rounds=table.rows, leak_round_columns=table.columns, **leak_context(run_dir, leaks)
+        )
     if not audit.empty:
-        verdicts = victim_verdicts(audit)  # derived from audit.csv, as verdict.csv is
-        rounds = round_verdict_table(verdicts, audit_seed(run_dir), success_psnr)
+        attacked = verdicts[verdicts["attacks"] > 0]
+        rounds = round_verdict_table(attacked, audit_seed(run_dir), success_psnr)
         summary = attack_summary_table(audit, success_psnr)
         columns = [Column(AuditRecord.column(f), AuditRecord.column(f)) for f in AUDIT_ROW_FIELDS]
         context.update(
@@ -272,14 +263,14 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
             ),
             verdict_rounds=rounds.table.rows,
             verdict_round_columns=rounds.table.columns,
-            verdict_victims=formatted_rows(verdicts.to_dict("records"), {}),
+            verdict_victims=formatted_rows(attacked.to_dict("records"), {}),
             verdict_victim_columns=VERDICT_VICTIM_COLUMNS,
             audit_curves=data_uri(figure_png(audit_curves_figure(audit, success_psnr))),
             audit_summary=summary.rows,
             audit_summary_columns=summary.columns,
             audit_rows=formatted_rows(audit.to_dict("records"), {}),
             audit_columns=columns,
-            reconstruction_rounds=_reconstruction_rounds(run_dir, audit),
+            reconstruction_tables=reconstruction_tables(run_dir, audit),
         )
     return _render("run.html.j2", run_dir / REPORT_FILE, **context)
 

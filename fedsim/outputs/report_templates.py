@@ -27,6 +27,8 @@ TEMPLATES: dict[str, str] = {
   figure img { max-width: 100%; border: 1px solid #eee; }
   figcaption { font-size: 0.85em; color: #555; }
   .note { color: #555; font-size: 0.9em; }
+  table.recon img { width: 64px; image-rendering: pixelated; }
+  table.recon td.best { outline: 3px solid #2a7; }
 </style>
 </head>
 <body>
@@ -94,11 +96,27 @@ TEMPLATES: dict[str, str] = {
 
 <section id="reconstructions">
 <h2>Reconstructions</h2>
-<p>Each true image (top, with its label) above the attack's matched reconstruction (PSNR, SSIM, predicted label).</p>
-{% for round in reconstruction_rounds %}
+<p>Per round, a row per victim: its true batch, then each attack's matched reconstruction with its PSNR; the verdict's cell (the strongest attack) is framed. Rows marked <em>probe</em> are the counterfactual: one batch's gradient at the sent model, which the server of an update audit never receives. Every image with its labels and scores is in the run folder's <code>audit/</code>.</p>
+{% for round in reconstruction_tables %}
 <h3>Round {{ round.number }}</h3>
-{% for grid in round.grids %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}
+<table class="recon"><thead><tr><th class="text">client</th><th>truth</th>{% for attack in round.attacks %}<th>{{ attack }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in round.rows %}<tr><td class="text">{{ row.client }}</td><td>{% if row.truth %}<img src="{{ row.truth }}" alt="truth">{% endif %}</td>{% for cell in row.cells %}<td{% if cell.best %} class="best"{% endif %}>{% if cell.uri %}<img src="{{ cell.uri }}" alt="reconstruction"><br>{% endif %}{{ cell.text }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
 {% endfor %}
+</section>
+{% endif %}
+
+{% if leaks_audited %}
+<section id="audit-leaks">
+<h2>Privacy audit: labels, membership, class representatives</h2>
+<p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data.</p>
+{{ m.table(leak_rounds, leak_round_columns) }}
+{% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
+  "Membership ROC per round on log axes (a line per client and analysis; dashed: chance). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
+{% if label_histograms %}{{ m.image(label_histograms, "estimated against true label histograms",
+  "Examples per class: estimated (bars) against true (outline), each client's strongest label analysis.") }}{% endif %}
+{% if representatives %}<h3>Class representatives</h3>
+{% for grid in representatives %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}{% endif %}
 </section>
 {% endif %}
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import pandas as pd
 from flwr.app import ArrayRecord
 from rich.console import Console
 
@@ -22,12 +21,12 @@ from fedsim.core import protocol
 from fedsim.core.config import Scenario
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import (
-    AUDIT_FILE,
     CLIENTS_FILE,
     METRICS_FILE,
     RUN_INFO_FILE,
     SUMMARY_FILE,
     WALL_SECONDS,
+    read_audit,
     write_csv_atomic,
 )
 from fedsim.outputs.tables import (
@@ -35,6 +34,7 @@ from fedsim.outputs.tables import (
     attack_summary_table,
     audit_seed,
     duration,
+    leak_verdict_table,
     round_verdict_table,
 )
 from fedsim.outputs.verdict import victim_verdicts
@@ -194,26 +194,49 @@ def write_summary(
 
 
 def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) -> list[str]:
-    """The audit in markdown: the verdict per round, then one row per attack (nothing if
-    not audited)."""
-    if not (run_dir / AUDIT_FILE).is_file():
+    """The audit in markdown: each kind of leak's verdict per round, then one row per
+    attack (nothing if not audited)."""
+    audit, leaks = read_audit(run_dir)
+    if audit.empty and leaks.empty:
         return []
-    audit = pd.read_csv(run_dir / AUDIT_FILE)
     seed = audit_seed(run_dir)
-    verdict = round_verdict_table(victim_verdicts(audit), seed, threshold)
+    verdicts = victim_verdicts(audit, leaks)
+    lines = ["", "## Privacy audit", ""]
+    if not leaks.empty:
+        lines += [
+            "What the server learned from each client's update, per round: the median over "
+            "the round's clients of each client's strongest analysis, with a 95 % bootstrap "
+            "interval. Labels: total-variation distance between the estimated and the true "
+            "class proportions of what the client trained on (0 = exact; the uniform guess's "
+            "beside it). Membership: ROC AUC over candidates it trained on and held-out "
+            "non-members of its class mix (0.5 = chance), and the TPR at 1 % FPR. Class "
+            "representatives: SSIM to the class-mean image. Per client: `verdict.csv`, "
+            "per analysis: `leaks.csv`.",
+            "",
+            leak_verdict_table(verdicts, seed).table.markdown(),
+            "",
+        ]
+    if audit.empty:
+        return lines
+    verdict = round_verdict_table(verdicts[verdicts["attacks"] > 0], seed, threshold)
     lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.table.rows)
-    lines = [
-        "",
-        "## Privacy audit",
-        "",
-        "The verdict per round: for each victim the best PSNR any attack reached, then the "
-        "median over the round's victims with a 95 % bootstrap interval, and the share of "
+    probed = sorted(set(audit.loc[audit["threat-model"] == "probe", "round"]))
+    lines += [
+        "Reconstruction, per round: for each victim the best PSNR any attack reached, then "
+        "the median over the round's victims with a 95 % bootstrap interval, and the share of "
         f"victims at or above {threshold:g} dB with a Wilson interval. PSNR in dB (peak 1 on "
-        "[0, 1] pixels). Per victim: `verdict.csv`.",
+        "[0, 1] pixels).",
         "",
         verdict.table.markdown(),
         "",
     ]
+    if probed and (not leaks.empty or (audit["threat-model"] != "probe").any()):
+        lines += [
+            f"Round(s) {', '.join(map(str, probed))}: the reconstructions are of the *probe*, a "
+            "counterfactual (what one image's gradient at the sent model would give); the "
+            "server never receives it.",
+            "",
+        ]
     if lower:
         lines += [
             "A *lower bound*: an attack in that round did not converge (`converged` in "

@@ -47,6 +47,13 @@ AUDIT_IMAGES = "audit"  # truth above reconstruction, one PNG per attack
 VERDICT_FILE = "verdict.csv"  # one row per victim and round (fedsim.core.protocol.VerdictRecord)
 
 
+LEAKS_FILE = "leaks.csv"  # one row per leak analysis on a client (fedsim.core.protocol.LeakRecord)
+
+
+# Every membership candidate's score and membership, for the report's ROC curves.
+MEMBERSHIP_FILE = "membership.csv"
+
+
 CLIENT_STATE_DIR = "client_state"  # client-private files; never read by the server
 
 
@@ -79,6 +86,8 @@ RUN_OUTPUTS = (
     AUDIT_FILE,
     AUDIT_IMAGES,
     VERDICT_FILE,
+    LEAKS_FILE,
+    MEMBERSHIP_FILE,
     CLIENT_STATE_DIR,
     CHECKPOINT_DIR,
     REPORT_FILE,
@@ -220,8 +229,14 @@ def clear_run_outputs(path: Path) -> None:
 
 
 def audit_image_name(server_round: int, client: int, attack: str) -> str:
-    """The labelled reconstruction grid of one attack, in :data:`AUDIT_IMAGES`."""
+    """The labelled reconstruction grid of one attack, in :data:`AUDIT_IMAGES` (with
+    ``-only`` after the attack's name: its matched reconstructions alone)."""
     return f"round-{server_round:03d}-client-{client}-{attack}.png"
+
+
+def truth_image_name(server_round: int, client: int) -> str:
+    """A victim's true batch, in :data:`AUDIT_IMAGES` (the report's reconstruction table)."""
+    return f"round-{server_round:03d}-client-{client}.truth.png"
 
 
 def write_scenario(scenario: Scenario, run_dir: Path) -> None:
@@ -241,3 +256,12 @@ def read_wall_seconds(run_dir: Path) -> float:
     if not path.is_file():
         return math.nan
     return float(json.loads(path.read_text()).get(WALL_SECONDS, math.nan))
+
+
+def read_audit(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's ``audit.csv`` and ``leaks.csv`` (empty frames where absent)."""
+    frames = []
+    for name in (AUDIT_FILE, LEAKS_FILE):
+        path = run_dir / name
+        frames.append(pd.read_csv(path) if path.is_file() else pd.DataFrame())
+    return frames[0], frames[1]

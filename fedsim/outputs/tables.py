@@ -96,7 +96,25 @@ VERDICT_VICTIM_COLUMNS = [
         "pick-attack",
         "pick-psnr",
         "pick-residual",
+        "label-tv",
+        "label-tv-uniform",
+        "membership-auc",
+        "membership-tpr-1pct",
+        "representatives-ssim",
     )
+]
+
+
+LEAK_ROUND_COLUMNS = [
+    Column("round", "round"),
+    Column("clients", "clients"),
+    Column("label-tv", "labels: TV distance (median)"),
+    Column("label-tv-interval", "95 % interval", "text"),
+    Column("label-tv-uniform", "uniform guess's TV"),
+    Column("membership-auc", "membership AUC (median)"),
+    Column("membership-auc-interval", "95 % interval", "text"),
+    Column("membership-tpr", "TPR at 1 % FPR (median)"),
+    Column("representatives", "representatives SSIM (median)"),
 ]
 
 
@@ -230,6 +248,39 @@ def round_verdict_table(
             }
         )
     return VerdictTable(raw, Table(tuple(VERDICT_ROUND_COLUMNS), tuple(rows)))
+
+
+def leak_verdict_table(verdicts: pd.DataFrame, audit_seed: int) -> VerdictTable:
+    """The other kinds of leak per round (labels, membership, class representatives)."""
+    raw = [
+        r
+        for r in round_verdicts(verdicts, audit_seed, DEFAULT_SUCCESS_PSNR)
+        if r.get(protocol.AUDIT_LEAK_CLIENTS, 0)
+    ]
+    rows = []
+    for r in raw:
+        representatives = r[protocol.AUDIT_REPRESENTATIVES_SSIM]
+        cosine = r[protocol.AUDIT_REPRESENTATIVES_COSINE]
+        rows.append(
+            {
+                "round": str(r[protocol.ROUND]),
+                "clients": str(int(r[protocol.AUDIT_LEAK_CLIENTS])),
+                "label-tv": number_text(r[protocol.AUDIT_LABEL_TV], 3),
+                "label-tv-interval": _interval_text(
+                    r[protocol.AUDIT_LABEL_TV_LOW], r[protocol.AUDIT_LABEL_TV_HIGH], 3
+                ),
+                "label-tv-uniform": number_text(r[protocol.AUDIT_LABEL_TV_UNIFORM], 3),
+                "membership-auc": number_text(r[protocol.AUDIT_MEMBERSHIP_AUC], 3),
+                "membership-auc-interval": _interval_text(
+                    r[protocol.AUDIT_MEMBERSHIP_AUC_LOW], r[protocol.AUDIT_MEMBERSHIP_AUC_HIGH], 3
+                ),
+                "membership-tpr": number_text(r[protocol.AUDIT_MEMBERSHIP_TPR], 3),
+                "representatives": number_text(representatives, 3)
+                if not math.isnan(representatives)
+                else f"cosine {number_text(cosine, 3)}",
+            }
+        )
+    return VerdictTable(raw, Table(tuple(LEAK_ROUND_COLUMNS), tuple(rows)))
 
 
 def audit_seed(run_dir: Path) -> int:

@@ -50,12 +50,15 @@ def _best(values: np.ndarray, attacks: np.ndarray) -> tuple[float, str]:
     return float(values[at]), str(attacks[at])
 
 
-def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
-    """The verdict of one victim in one round from its attacks' ``audit.csv`` rows.
+def victim_verdict(group: pd.DataFrame, leaks: pd.DataFrame | None = None) -> VerdictRecord:
+    """The verdict of one victim in one round from its attacks' ``audit.csv`` rows and its
+    leak analyses' ``leaks.csv`` rows (either may be empty, not both).
 
     On numpy arrays, not pandas rows: a run with ``victims = 0`` computes one per
     client and round."""
-    attacks = group[_col("attack")].to_numpy()
+    leaks = leaks if leaks is not None else pd.DataFrame()
+    first = group.iloc[0] if len(group) else leaks.iloc[0]
+    attacks = group[_col("attack")].to_numpy() if len(group) else np.array([], dtype=object)
     # Rows written before convergence and the attacker's residual were recorded (a run
     # resumed from an older checkpoint) count as not converged, with no residual.
     converged = _column(group, "converged", bool, False)
@@ -63,20 +66,19 @@ def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
     ssim = _column(group, "ssim", float, math.nan)
     label_acc = _column(group, "label_acc", float, math.nan)
     residual = _column(group, "attacker_residual", float, math.nan)
-    if not np.isnan(residual).all():
+    if len(residual) and not np.isnan(residual).all():
         pick = int(np.where(np.isnan(residual), math.inf, residual).argmin())
         pick_attack, pick_psnr, pick_ssim = str(attacks[pick]), psnr[pick], ssim[pick]
         pick_residual = float(residual[pick])
     else:
         pick_attack, pick_psnr, pick_ssim, pick_residual = "", math.nan, math.nan, math.nan
-    first = group.iloc[0]
     best_psnr, psnr_attack = _best(psnr, attacks)
     best_ssim, ssim_attack = _best(ssim, attacks)
     best_label_acc, label_attack = _best(label_acc, attacks)
     return VerdictRecord(
-        round=int(first[_col("round")]),
-        client=int(first[_col("client")]),
-        batch_size=int(first[_col("batch_size")]),
+        round=int(first["round"]),
+        client=int(first["client"]),
+        batch_size=int(first[_col("batch_size")]) if len(group) else int(first["examples"]),
         attacks=len(group),
         attacks_converged=int(converged.sum()),
         bound=CONVERGED if bool(converged.all()) else LOWER_BOUND,
@@ -90,18 +92,76 @@ def victim_verdict(group: pd.DataFrame) -> VerdictRecord:
         pick_psnr=float(pick_psnr),
         pick_ssim=float(pick_ssim),
         pick_residual=pick_residual,
+        **_leak_verdict(leaks),
     )
 
 
-def victim_verdicts(audit: pd.DataFrame) -> pd.DataFrame:
-    """One :class:`~fedsim.core.protocol.VerdictRecord` row per (round, client) of ``audit``."""
-    if audit.empty:
+def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
+    """The strongest analysis of each kind on one victim (chosen with the truth, as the
+    reconstruction verdict is): the lowest label TV, the highest membership AUC, the
+    highest representatives' SSIM (or feature cosine where no image was inverted)."""
+    if leaks.empty:
+        return {}
+    names = leaks["analysis"].to_numpy()
+    tv = leaks["label-tv"].to_numpy(dtype=float)
+    out: dict[str, Any] = {}
+    if not np.isnan(tv).all():
+        at = int(np.nanargmin(tv))
+        out.update(
+            label_tv=float(tv[at]),
+            label_tv_uniform=float(leaks["label-tv-uniform"].to_numpy(dtype=float)[at]),
+            label_analysis=str(names[at]),
+        )
+    auc = leaks["membership-auc"].to_numpy(dtype=float)
+    if not np.isnan(auc).all():
+        at = int(np.nanargmax(auc))
+        row = leaks.iloc[at]
+        out.update(
+            membership_auc=float(auc[at]),
+            membership_auc_low=float(row["membership-auc-low"]),
+            membership_auc_high=float(row["membership-auc-high"]),
+            membership_tpr_1pct=float(row["membership-tpr-1pct"]),
+            membership_analysis=str(names[at]),
+        )
+    for column, field_name in (
+        ("representatives-ssim", "representatives_ssim"),
+        ("representatives-cosine", "representatives_cosine"),
+    ):
+        value, analysis = _best(leaks[column].to_numpy(dtype=float), names)
+        if analysis:
+            out[field_name] = value
+            out["representatives_analysis"] = out.get("representatives_analysis") or analysis
+    return out
+
+
+def victim_verdicts(audit: pd.DataFrame, leaks: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One :class:`~fedsim.core.protocol.VerdictRecord` row per (round, client) of ``audit``
+    and ``leaks``."""
+    leaks = leaks if leaks is not None else pd.DataFrame()
+    keys = sorted(
+        {
+            (int(r), int(c))
+            for frame in (audit, leaks)
+            if not frame.empty
+            for r, c in zip(frame["round"], frame["client"], strict=True)
+        }
+    )
+    if not keys:
         return pd.DataFrame(columns=[protocol.kebab(n) for n in VerdictRecord.__annotations__])
+    attacks_by = _groups(audit)
+    leaks_by = _groups(leaks)
     rows = [
-        victim_verdict(group).to_row()
-        for _, group in audit.groupby([_col("round"), _col("client")], sort=True)
+        victim_verdict(attacks_by.get(key, pd.DataFrame()), leaks_by.get(key)).to_row()
+        for key in keys
     ]
     return pd.DataFrame(rows)
+
+
+def _groups(frame: pd.DataFrame) -> dict[tuple[int, int], pd.DataFrame]:
+    if frame.empty:
+        return {}
+    groups = frame.groupby(["round", "client"], sort=True)
+    return {(int(r), int(c)): group for (r, c), group in groups}  # type: ignore[call-overload]
 
 
 def round_verdict(
@@ -115,6 +175,7 @@ def round_verdict(
     scored = psnr[~np.isnan(psnr)]
     success = success_interval(int((scored >= success_psnr).sum()), len(scored))
     return {
+        **_leak_round_verdict(rows, seed),
         protocol.AUDIT_PSNR: median.value,
         protocol.AUDIT_PSNR_LOW: median.low,
         protocol.AUDIT_PSNR_HIGH: median.high,
@@ -123,8 +184,31 @@ def round_verdict(
         protocol.AUDIT_SUCCESS: success.value,
         protocol.AUDIT_SUCCESS_LOW: success.low,
         protocol.AUDIT_SUCCESS_HIGH: success.high,
-        protocol.AUDIT_VICTIMS: float(len(rows)),
+        protocol.AUDIT_VICTIMS: float((rows["attacks"] > 0).sum()),
         protocol.AUDIT_LOWER_BOUND: float((rows["bound"] != CONVERGED).any()),
+    }
+
+
+def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
+    """Each other kind's verdict over the round's clients: medians, the label TV's and the
+    membership AUC's with 95 % bootstrap intervals."""
+    if "label-tv" not in rows:
+        return {}
+    tv = median_interval(rows["label-tv"].astype(float).to_numpy(), seed)
+    auc = median_interval(rows["membership-auc"].astype(float).to_numpy(), seed)
+    analysed = rows[["label-tv", "membership-auc", "representatives-ssim"]].notna().any(axis=1)
+    return {
+        protocol.AUDIT_LABEL_TV: tv.value,
+        protocol.AUDIT_LABEL_TV_LOW: tv.low,
+        protocol.AUDIT_LABEL_TV_HIGH: tv.high,
+        protocol.AUDIT_LABEL_TV_UNIFORM: _median(rows["label-tv-uniform"]),
+        protocol.AUDIT_MEMBERSHIP_AUC: auc.value,
+        protocol.AUDIT_MEMBERSHIP_AUC_LOW: auc.low,
+        protocol.AUDIT_MEMBERSHIP_AUC_HIGH: auc.high,
+        protocol.AUDIT_MEMBERSHIP_TPR: _median(rows["membership-tpr-1pct"]),
+        protocol.AUDIT_REPRESENTATIVES_SSIM: _median(rows["representatives-ssim"]),
+        protocol.AUDIT_REPRESENTATIVES_COSINE: _median(rows["representatives-cosine"]),
+        protocol.AUDIT_LEAK_CLIENTS: float(analysed.sum()),
     }
 
 
@@ -160,14 +244,60 @@ def strongest_attacks(attacks: Sequence[str] | pd.Series) -> str:
 
 
 def verdict_line(server_round: int, verdict: dict[str, float], verdicts: pd.DataFrame) -> str:
-    """The round's verdict in one terminal line."""
-    psnr = verdict[protocol.AUDIT_PSNR]
-    low, high = verdict[protocol.AUDIT_PSNR_LOW], verdict[protocol.AUDIT_PSNR_HIGH]
-    interval = "" if math.isnan(low) else f" [{low:.1f}, {high:.1f}]"
-    bound = LOWER_BOUND if verdict[protocol.AUDIT_LOWER_BOUND] else CONVERGED
+    """The round's verdict in one terminal line: reconstruction, then each other kind."""
+    parts = []
     victims = int(verdict[protocol.AUDIT_VICTIMS])
-    strongest = strongest_attacks(verdicts[verdicts["round"] == server_round]["psnr-attack"])
-    return (
-        f"  audit round {server_round} verdict: PSNR {psnr:.2f} dB{interval} (median over "
-        f"{victims} victim{'s' if victims != 1 else ''}; {bound}), strongest: {strongest}"
-    )
+    if victims:
+        psnr = verdict[protocol.AUDIT_PSNR]
+        low, high = verdict[protocol.AUDIT_PSNR_LOW], verdict[protocol.AUDIT_PSNR_HIGH]
+        interval = "" if math.isnan(low) else f" [{low:.1f}, {high:.1f}]"
+        bound = LOWER_BOUND if verdict[protocol.AUDIT_LOWER_BOUND] else CONVERGED
+        strongest = strongest_attacks(verdicts[verdicts["round"] == server_round]["psnr-attack"])
+        parts.append(
+            f"PSNR {psnr:.2f} dB{interval} (median over {victims} "
+            f"victim{'s' if victims != 1 else ''}; {bound}), strongest: {strongest}"
+        )
+    parts += leak_verdict_parts(verdict)
+    return f"  audit round {server_round} verdict: " + ("; ".join(parts) or "nothing audited")
+
+
+def _with_interval(value: float, low: float, high: float, digits: int) -> str:
+    interval = "" if math.isnan(low) else f" [{low:.{digits}f}, {high:.{digits}f}]"
+    return f"{value:.{digits}f}{interval}"
+
+
+def leak_verdict_parts(verdict: dict[str, float]) -> list[str]:
+    """The other kinds of a round's verdict, one phrase each (absent kinds left out)."""
+    get = verdict.get
+    parts = []
+    tv = get(protocol.AUDIT_LABEL_TV, math.nan)
+    if not math.isnan(tv):
+        text = _with_interval(
+            tv,
+            get(protocol.AUDIT_LABEL_TV_LOW, math.nan),
+            get(protocol.AUDIT_LABEL_TV_HIGH, math.nan),
+            2,
+        )
+        parts.append(
+            f"labels TV {text} (uniform guess {get(protocol.AUDIT_LABEL_TV_UNIFORM, math.nan):.2f})"
+        )
+    auc = get(protocol.AUDIT_MEMBERSHIP_AUC, math.nan)
+    if not math.isnan(auc):
+        text = _with_interval(
+            auc,
+            get(protocol.AUDIT_MEMBERSHIP_AUC_LOW, math.nan),
+            get(protocol.AUDIT_MEMBERSHIP_AUC_HIGH, math.nan),
+            3,
+        )
+        tpr = get(protocol.AUDIT_MEMBERSHIP_TPR, math.nan)
+        parts.append(f"membership AUC {text}, TPR@1%FPR {tpr:.3f}")
+    ssim = get(protocol.AUDIT_REPRESENTATIVES_SSIM, math.nan)
+    cosine = get(protocol.AUDIT_REPRESENTATIVES_COSINE, math.nan)
+    if not math.isnan(ssim):
+        parts.append(f"representatives SSIM {ssim:.3f}")
+    elif not math.isnan(cosine):
+        parts.append(f"representatives feature cosine {cosine:.3f}")
+    clients = int(get(protocol.AUDIT_LEAK_CLIENTS, 0.0) or 0)
+    if parts:
+        parts[-1] += f" (median over {clients} client{'s' if clients != 1 else ''})"
+    return parts

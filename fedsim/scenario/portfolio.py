@@ -17,12 +17,16 @@ An explicit list in ``audit.attacks`` is run as given, each attack checked.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting
+from fedsim.attacks.leakage import LEAKS
 from fedsim.core.components import Resolved, resolve
-from fedsim.core.config import ComponentConfig, Scenario, ScenarioError
+from fedsim.core.config import AUTO, ComponentConfig, Scenario, ScenarioError, require
+from fedsim.core.registry import Registry
 
 PORTFOLIO = (
     "analytic-fc",
@@ -79,6 +83,30 @@ def budget(name: str, scenario: Scenario) -> dict[str, Any]:
     return params
 
 
+@dataclass(frozen=True)
+class AuditPlan:
+    """What the audit runs, resolved: the reconstruction attacks on the threat model's
+    observations, the other leak analyses, and the attacks on the counterfactual probe
+    of ``audit.probe-rounds`` (empty when there are none, or the threat model is the probe)."""
+
+    attacks: tuple[Resolved, ...] = ()
+    leaks: tuple[Resolved, ...] = ()
+    probe_attacks: tuple[Resolved, ...] = ()
+
+
+def resolve_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditPlan:
+    """The scenario's audit, resolved (:func:`resolve_attacks`, :func:`resolve_leaks`)."""
+    probe_attacks: tuple[Resolved, ...] = ()
+    if scenario.audit.probe_rounds and scenario.audit.threat_model != "probe":
+        probed = dataclasses.replace(
+            scenario, audit=dataclasses.replace(scenario.audit, threat_model="probe")
+        )
+        probe_attacks = resolve_attacks(probed, uploads)
+    return AuditPlan(
+        resolve_attacks(scenario, uploads), resolve_leaks(scenario, uploads), probe_attacks
+    )
+
+
 def resolve_attacks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:
     """The attacks the audit runs, resolved: the scenario's list (each checked, a bad one
     raises), or for ``"auto"`` the portfolio's that apply (possibly none).
@@ -87,30 +115,82 @@ def resolve_attacks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tupl
     (``None``: the whole model).
     """
     attacks = scenario.audit.attacks
-    if not isinstance(attacks, str):
+    setting = AttackSetting.of(scenario, uploads)
+    if attacks != AUTO:
         return tuple(
-            check_attack(attack, f"audit.attacks[{i}]", scenario, uploads)
+            _checked(ATTACKS, attack, f"audit.attacks[{i}]", setting)
             for i, attack in enumerate(attacks)
         )
+    names = [name for name in PORTFOLIO if name in ATTACKS.names()]
+    return _applying(ATTACKS, "audit.attacks", names, setting, lambda n: budget(n, scenario))
+
+
+def resolve_leaks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:
+    """The leak analyses the audit runs, resolved: the scenario's list (each checked), or
+    for ``"auto"`` every registered analysis that applies, at its defaults."""
+    leaks = scenario.audit.leaks
     setting = AttackSetting.of(scenario, uploads)
+    if leaks != AUTO:
+        return tuple(
+            _checked(LEAKS, leak, f"audit.leaks[{i}]", setting) for i, leak in enumerate(leaks)
+        )
+    names = [name for name in LEAKS.names() if LEAKS.get(name).in_auto]
+    return _applying(LEAKS, "audit.leaks", names, setting, lambda _: {})
+
+
+def _applying(
+    registry: Registry[Any],
+    key: str,
+    names: list[str],
+    setting: AttackSetting,
+    params: Any,
+) -> tuple[Resolved, ...]:
+    """``names`` resolved with ``params(name)``, keeping those whose ``check_setting`` accepts."""
     chosen = []
-    for name in PORTFOLIO:
-        if name not in ATTACKS.names():
-            continue
-        key = f"audit.attacks (auto: {name})"
-        attack = resolve(ATTACKS, ComponentConfig(name, budget(name, scenario)), key)
+    for name in names:
+        where = f"{key} (auto: {name})"
+        component = resolve(registry, ComponentConfig(name, params(name)), where)
         try:
-            attack.cls.check_setting(setting, key)
+            component.cls.check_setting(setting, where)
         except ScenarioError:
             continue  # does not apply here
-        chosen.append(attack)
+        chosen.append(component)
     return tuple(chosen)
 
 
-def check_attack(
-    attack: ComponentConfig, key: str, scenario: Scenario, uploads: tuple[str, ...] | None
+def _checked(
+    registry: Registry[Any], component: ComponentConfig, key: str, setting: AttackSetting
 ) -> Resolved:
-    """The attack is registered, its parameters are valid, and the server sees what it needs."""
-    resolved = resolve(ATTACKS, attack, key)
-    resolved.cls.check_setting(AttackSetting.of(scenario, uploads), key)
+    """The component is registered, its parameters are valid, and the server sees what it needs."""
+    resolved = resolve(registry, component, key)
+    resolved.cls.check_setting(setting, key)
     return resolved
+
+
+def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditPlan:
+    """Audit victims and rounds lie inside the federation; every attack and leak analysis
+    can see its target. Returns them, resolved."""
+    audit, fed = scenario.audit, scenario.federation
+    for victim in audit.victim_ids:
+        require(
+            0 <= victim < fed.num_clients,
+            "audit.victim-ids",
+            list(audit.victim_ids),
+            f"partition ids are 0 to {fed.num_clients - 1} (federation.num-clients)",
+        )
+    for key, rounds in (("audit.rounds", audit.rounds), ("audit.probe-rounds", audit.probe_rounds)):
+        late = [r for r in rounds if r > fed.rounds]
+        require(
+            not late,
+            key,
+            list(rounds),
+            f"rounds are 1 to {fed.rounds} (federation.rounds); {late} would audit nothing",
+        )
+    plan = resolve_audit(scenario, uploads)
+    require(
+        bool(plan.attacks or plan.leaks),
+        "audit.attacks",
+        audit.attacks,
+        "no registered attack or leak analysis applies to this scenario; list attacks by hand",
+    )
+    return plan

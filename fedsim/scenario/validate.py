@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from fedsim.attacks import ATTACKS
+from fedsim.attacks.leakage import LEAKS
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.defences import DEFENCES, check_defences
 from fedsim.core.components import Resolved, resolve
@@ -51,19 +52,24 @@ from fedsim.core.models import INITS, MODELS, InputSpec, SplitNet
 from fedsim.core.partition import PARTITIONERS, local_test_count, partition_dataset
 from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
-from fedsim.scenario.portfolio import resolve_attacks
+from fedsim.scenario.portfolio import AuditPlan, check_audit
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineHooks
 
 
 @dataclass(frozen=True)
 class Components:
-    """A valid scenario's components, resolved: the strategy and the audit's attacks
+    """A valid scenario's components, resolved: the strategy and what the audit runs
     (empty without an audit), each class with its frozen parameters."""
 
     scenario: Scenario
     strategy: Resolved
-    attacks: tuple[Resolved, ...] = ()
+    audit: AuditPlan = field(default_factory=AuditPlan)
+
+    @property
+    def attacks(self) -> tuple[Resolved, ...]:
+        """The audit's reconstruction attacks on its threat model's observations."""
+        return self.audit.attacks
 
 
 MAX_ACTORS_PER_CORE = 4
@@ -127,36 +133,10 @@ def trains_on_one_example(scenario: Scenario) -> bool:
     return True
 
 
-def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:
-    """Audit victims and rounds lie inside the federation; every attack can see its target.
-
-    Returns the attacks, resolved."""
-    audit, fed = scenario.audit, scenario.federation
-    for victim in audit.victim_ids:
-        require(
-            0 <= victim < fed.num_clients,
-            "audit.victim-ids",
-            list(audit.victim_ids),
-            f"partition ids are 0 to {fed.num_clients - 1} (federation.num-clients)",
-        )
-    late = [r for r in audit.rounds if r > fed.rounds]
-    require(
-        not late,
-        "audit.rounds",
-        list(audit.rounds),
-        f"rounds are 1 to {fed.rounds} (federation.rounds); {late} would audit nothing",
-    )
-    attacks = resolve_attacks(scenario, uploads)
-    require(
-        bool(attacks),
-        "audit.attacks",
-        audit.attacks,
-        "no registered attack applies to this scenario; list attacks by hand",
-    )
-    return attacks
-
-
-PLUGGABLE = (MODELS, INITS, DATASETS, PARTITIONERS, STRATEGIES, CLIENT_ROUTINES, DEFENCES, ATTACKS)
+PLUGGABLE = (
+    *(MODELS, INITS, DATASETS, PARTITIONERS, STRATEGIES, CLIENT_ROUTINES, DEFENCES),
+    *(ATTACKS, LEAKS),
+)
 """The registries plugins add to (each loads its entry-point group on its first lookup)."""
 
 
@@ -225,8 +205,9 @@ def check_components(scenario: Scenario) -> Components:
     strategy.cls.check_scenario(scenario)
     check_stragglers(scenario, strategy.cls)
     check_defences(scenario)
-    attacks = check_audit(scenario, strategy.cls.shared_prefixes) if scenario.audit.enabled else ()
-    return Components(scenario, strategy, attacks)
+    enabled = scenario.audit.enabled
+    audit = check_audit(scenario, strategy.cls.shared_prefixes) if enabled else AuditPlan()
+    return Components(scenario, strategy, audit)
 
 
 def generated_names() -> list[str]:

@@ -10,6 +10,7 @@ checkpointing and auditing observe the loop instead of changing it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -25,9 +26,16 @@ POLL_S = 0.02  # between pulls for replies (Flower's own send_and_receive sleeps
 
 
 class RoundCallback(Protocol):
-    """Observes the loop; called after each round with the new global model."""
+    """Observes the loop; called after each round with the new global model.
 
-    def on_round_end(self, record: protocol.RoundRecord, arrays: ArrayRecord) -> None: ...
+    It may return metrics of its own for the round (the audit's verdict): the loop
+    adds them to the record the callbacks after it receive (the recorder writes
+    them); no callback edits the record.
+    """
+
+    def on_round_end(
+        self, record: protocol.RoundRecord, arrays: ArrayRecord
+    ) -> Mapping[str, float] | None: ...
 
 
 class Exchange:
@@ -212,5 +220,7 @@ def run_rounds(
             failed=failed,
         )
         for callback in callbacks:
-            callback.on_round_end(record, arrays)
+            metrics = callback.on_round_end(record, arrays)
+            if metrics:
+                record = dataclasses.replace(record, server={**record.server, **metrics})
     return arrays

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
 from fedsim.audit.auditor import Auditor
+from fedsim.audit.candidates import AuditPool
 from fedsim.audit.observe import ServerView
 from fedsim.audit.tasks import reserved_workers
 from fedsim.audit.wrapper import AuditedStrategy
@@ -117,7 +118,19 @@ def _auditor(
     # The harness knows the clients: it gives the scorer its truth source.
     routine = components.strategy.cls.client_routine
     truth = ClientReplay(scenario, routine, run_dir / CLIENT_STATE_DIR)
-    return Auditor(scenario.audit, components.attacks, view, truth, run_dir, console)
+    plan = components.audit
+    pool = AuditPool.split(bundle.test_images, bundle.test_labels, scenario.audit.seed)
+    return Auditor(
+        scenario.audit,
+        plan.attacks,
+        view,
+        truth,
+        run_dir,
+        console,
+        leaks=plan.leaks,
+        probe_attacks=plan.probe_attacks,
+        pool=pool,
+    )
 
 
 def _starting_arrays(
@@ -287,7 +300,9 @@ def _run(
     with session.watching():
         # Before any work: a split that cannot fit is refused here (for a cluster,
         # right after connecting to it), before the run folder exists.
-        plan = start_ray(scenario, reserved_workers(scenario.audit, components.attacks))
+        audit = components.audit
+        workers = reserved_workers(scenario.audit, (*audit.attacks, *audit.probe_attacks))
+        plan = start_ray(scenario, workers)
         guard.reclaim()
         try:
             run_dir = _run_dir(scenario, out, force, resume)

@@ -1,0 +1,219 @@
+"""What a real update leaks beyond reconstruction: each leak analysis per setting, and its cost.
+
+A setting is one federation's clients and their local training; from a base
+(Dirichlet 0.3 label skew, 200 images a client, 2 local epochs of Adam lr 3e-3,
+batch 16, a model pre-trained ``--pretrain`` steps on the server's public data,
+no defence) one factor changes at a time: the label skew (IID, Dirichlet 0.1),
+the client's size (50, 800 images), the epochs (1, 5), the optimiser (SGD lr
+0.05), the model (untrained), a defence (``gaussian`` sigma 0.01 on the upload,
+``dp-sgd`` noise 1.0 clip 1.0).
+
+Each client trains as in a run: fedsim's client routine with the scenario's
+defences (:func:`fedsim.clients.defences.train_defended`), from the sent model;
+the server's observation is built as the audit builds it
+(:mod:`fedsim.audit.observe`), each registered leak analysis
+(:data:`fedsim.attacks.leakage.LEAKS`, or ``--analyses``) reads it with the
+public half of the held-out split and, for membership, candidates drawn as the
+audit draws them; the scorer is the audit's. Per setting and analysis: the
+median over ``--clients`` clients of its score (labels: TV distance, with the
+uniform guess's; membership: AUC and TPR at 1 % FPR; representatives: SSIM to
+the class mean) and its seconds per client on one thread::
+
+    .venv/bin/python bench/update_leakage.py [--clients 6] [--pretrain 300] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedsim.attacks.leakage import LEAKS, LeakInput
+from fedsim.audit.candidates import AuditPool, draw_candidates
+from fedsim.audit.leak_scoring import LeakTruth, score_leak
+from fedsim.audit.observe import ServerView, intercept
+from fedsim.clients import CLIENT_ROUTINES
+from fedsim.clients.base import ClientEnv
+from fedsim.clients.defences import train_defended
+from fedsim.clients.replay import ClientReplay
+from fedsim.core.components import resolve
+from fedsim.core.config import ComponentConfig, Scenario, scenario_from_dict
+from fedsim.core.data import load_dataset
+from fedsim.core.models import InputSpec
+from fedsim.core.training import client_config_record, train_local
+from fedsim.simulation.flower import message_context
+
+BASE: dict[str, Any] = {
+    "name": "update-leakage",
+    "federation": {"num-clients": 16, "clients-per-round": 16, "rounds": 1, "seed": 0},
+    "data": {
+        "dataset": "mnist-embedded",
+        "normalize": True,
+        "samples-per-client": 200,
+        "partitioner": {"name": "dirichlet", "alpha": 0.3},
+    },
+    "model": {"name": "lenet5-split"},
+    "strategy": {"name": "fedavg"},
+    "client": {"local-epochs": 2, "batch-size": 16, "optimizer": "adam", "lr": 0.003},
+}
+CHANGES: dict[str, dict[str, Any]] = {
+    "base (Dir 0.3, 200 img, 2 ep, Adam, trained)": {},
+    "IID": {"data.partitioner": {"name": "iid"}},
+    "Dirichlet 0.1": {"data.partitioner": {"name": "dirichlet", "alpha": 0.1}},
+    "50 images": {"data.samples-per-client": 50},
+    "800 images": {"data.samples-per-client": 800, "federation.num-clients": 4},
+    "1 epoch": {"client.local-epochs": 1},
+    "5 epochs": {"client.local-epochs": 5},
+    "SGD lr 0.05": {"client.optimizer": "sgd", "client.lr": 0.05},
+    "untrained model": {"pretrain": 0},
+    "gaussian 0.01": {"defences": [{"name": "gaussian", "sigma": 0.01}]},
+    "dp-sgd 1.0": {"defences": [{"name": "dp-sgd", "noise-multiplier": 1.0, "max-grad-norm": 1.0}]},
+}
+
+
+def scenario_for(change: dict[str, Any]) -> Scenario:
+    table: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
+    for key, value in change.items():
+        if key == "pretrain":
+            continue
+        if "." not in key:
+            table[key] = value
+            continue
+        section, name = key.split(".")
+        table[section] = {**table[section], name: value}
+    return scenario_from_dict(table)
+
+
+def sent_model(scenario: Scenario, steps: int) -> dict[str, torch.Tensor]:
+    """The global model: the zoo's init, trained ``steps`` Adam steps on the public half."""
+    env = ClientEnv.create(scenario, 0, RecordDict())
+    model = env.model()
+    if steps:
+        bundle = load_dataset(scenario.data)
+        pool = AuditPool.split(bundle.test_images, bundle.test_labels, seed=0)
+        cfg = dataclasses.replace(scenario.client, optimizer="adam", lr=1e-3, local_steps=steps)
+        train_local(model, pool.public.images, pool.public.labels, cfg, seed=12345)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    scenario = scenario_for(change)
+    bundle = load_dataset(scenario.data)
+    pool = AuditPool.split(bundle.test_images, bundle.test_labels, seed=0)
+    view = ServerView(
+        scenario.model,
+        InputSpec(bundle.channels, bundle.image_size, bundle.num_classes),
+        bundle.normalization,
+        "fedavg",
+    )
+    state = sent_model(scenario, int(change.get("pretrain", args.pretrain)))
+    sent = ArrayRecord(state)
+    config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
+    routine = CLIENT_ROUTINES.get("fedavg")()
+    replay = ClientReplay(scenario, "fedavg", None)
+    names = args.analyses or [n for n in LEAKS.names() if LEAKS.get(n).in_auto]
+    analyses = [resolve(LEAKS, ComponentConfig(n, {}), n) for n in names]
+    scores: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+    for partition in range(min(args.clients, scenario.federation.num_clients)):
+        env = ClientEnv.create(scenario, partition, RecordDict())
+        if len(env.split.train) < 2:
+            continue
+        arrays, metrics = train_defended(routine, env, sent, config)
+        with message_context():
+            reply = Message(
+                RecordDict(
+                    {
+                        "arrays": arrays,
+                        "metrics": MetricRecord({**metrics, "partition-id": partition}),
+                    }
+                ),
+                dst_node_id=0,
+                message_type="train",
+            )
+        intercepted = intercept(1, sent, config, [reply])
+        observation = view.observe(intercepted, intercepted.replies[0], "update")
+        trained = replay.update_batch(partition, 1, intercepted.replies[0].config)
+        for analysis in analyses:
+            candidates, members, count = None, None, 0
+            if analysis.cls.needs_candidates:
+                candidates, members = draw_candidates(
+                    trained, pool, 100, bundle.normalization, 0, 1, partition
+                )
+                count = len(candidates)
+            inputs = LeakInput(observation, pool.public, candidates)
+            started = time.perf_counter()
+            leak = analysis.create(device="cpu").analyse(inputs, seed=partition)
+            seconds = time.perf_counter() - started
+            record = score_leak(
+                analysis, analysis.name, observation, leak, LeakTruth(trained, members), 0, count
+            )
+            value, second = {
+                "labels": (record.label_tv, record.label_tv_uniform),
+                "membership": (record.membership_auc, record.membership_tpr_1pct),
+                "representatives": (record.representatives_ssim, record.representatives_cosine),
+            }[analysis.cls.kind]
+            scores[analysis.name].append((value, second, seconds))
+    rows = []
+    for analysis in analyses:
+        got = scores[analysis.name]
+        if not got:
+            continue
+        rows.append(
+            {
+                "setting": label,
+                "analysis": analysis.name,
+                "kind": analysis.cls.kind,
+                "clients": len(got),
+                "score": statistics.median(g[0] for g in got),
+                "second": statistics.median(g[1] for g in got),
+                "seconds": statistics.median(g[2] for g in got),
+            }
+        )
+    return rows
+
+
+COLUMNS = {
+    "labels": ("TV (median)", "uniform guess's TV"),
+    "membership": ("AUC (median)", "TPR at 1 % FPR"),
+    "representatives": ("SSIM to class mean", "feature cosine"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=6, help="clients per setting")
+    parser.add_argument("--pretrain", type=int, default=300, help="public Adam steps before")
+    parser.add_argument("--analyses", nargs="*", default=None, help="LEAKS names (default: auto)")
+    parser.add_argument("--settings", nargs="*", default=None, help="setting labels to run")
+    parser.add_argument("--out", default="", help="also write the table to this markdown file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"load: {os.getloadavg()[0]:.2f}; one thread; {args.clients} clients a setting")
+    lines = [
+        "| setting | analysis | kind | clients | score | beside | s/client |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, change in CHANGES.items():
+        if args.settings and label not in args.settings:
+            continue
+        for row in measure(label, change, args):
+            first, second = COLUMNS[row["kind"]]
+            lines.append(
+                f"| {row['setting']} | {row['analysis']} | {row['kind']} | {row['clients']} | "
+                f"{first} {row['score']:.3f} | {second} {row['second']:.3f} | "
+                f"{row['seconds']:.3f} |"
+            )
+            print(lines[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The audit's data: the server's public half of the held-out split, and membership candidates.
+
+The dataset's held-out split (its test set) is never trained on by any
+client: clients train on their partitions of the training set and at most
+evaluate on slices of the held-out one. The audit cuts it once, by the
+attacker's ``audit-pool`` stream, into two halves:
+
+- the *public* half, which the server holds like any evaluation data and may
+  use to calibrate an analysis (:class:`~fedsim.attacks.leakage.PublicData`);
+- the *non-member* half, from which each victim's membership candidates that it
+  did not train on are drawn.
+
+A victim's candidates (:func:`draw_candidates`) are up to ``count`` examples it
+trained on this round and as many non-members, matched label by label so that
+both halves have the victim's class mix: a label alone then tells nothing. Which
+candidates are members is returned beside them, for the scorer only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedsim.attacks.leakage import Candidates, PublicData
+from fedsim.core.data import Normalization
+from fedsim.core.seeds import SeedStream, stream_rng
+from fedsim.core.truth import GroundTruth
+
+
+@dataclass(frozen=True)
+class AuditPool:
+    """The held-out split cut in two: public data and non-members (model-input space)."""
+
+    public: PublicData
+    non_members: PublicData
+
+    @classmethod
+    def split(cls, images: torch.Tensor, labels: torch.Tensor, seed: int) -> AuditPool:
+        """Halves of ``(images, labels)`` (the held-out split), drawn from ``seed``."""
+        order = torch.from_numpy(stream_rng(SeedStream.AUDIT_POOL, seed).permutation(len(labels)))
+        half = len(order) // 2
+        public, rest = order[:half].sort().values, order[half:].sort().values
+        return cls(
+            PublicData(images[public], labels[public]), PublicData(images[rest], labels[rest])
+        )
+
+
+def draw_candidates(
+    trained: GroundTruth,
+    pool: AuditPool,
+    count: int,
+    normalization: Normalization,
+    seed: int,
+    server_round: int,
+    partition: int,
+) -> tuple[Candidates, torch.Tensor]:
+    """Membership candidates for one victim and which of them are members.
+
+    Members are drawn from ``trained`` (pixel space, what the victim trained on
+    this round), each with a non-member of the same label from the pool; a member
+    whose label the pool has run out of is left out, so both halves keep the same
+    class mix. At most ``count`` of each; shuffled together.
+    """
+    rng = stream_rng(SeedStream.AUDIT_CANDIDATES, seed, server_round, partition)
+    outside = pool.non_members
+    unused = {
+        int(c): list(rng.permutation(torch.nonzero(outside.labels == c).flatten().numpy()))
+        for c in outside.labels.unique()
+    }
+    members: list[int] = []
+    others: list[int] = []
+    for i in rng.permutation(len(trained.labels)):
+        if len(members) == count:
+            break
+        left = unused.get(int(trained.labels[i]), [])
+        if left:
+            members.append(int(i))
+            others.append(int(left.pop()))
+    inside = normalization.to_model(trained.images[members].float())
+    images = torch.cat([inside, outside.images[others]])
+    labels = torch.cat([trained.labels[members].long(), outside.labels[others].long()])
+    is_member = torch.cat([torch.ones(len(members)), torch.zeros(len(others))]).bool()
+    order = torch.from_numpy(rng.permutation(len(labels)))
+    return Candidates(images[order], labels[order]), is_member[order]
