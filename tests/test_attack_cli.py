@@ -11,6 +11,7 @@ import torch
 
 from fedsim.audit.experiment import GRID_FILE, RESULTS_FILE, SETTINGS_FILE
 from fedsim.cli import main
+from fedsim.commands.attack import check_flags
 
 
 def test_attack_command_writes_its_table_grid_and_settings(tmp_path: Path) -> None:
@@ -92,7 +93,7 @@ def test_weights_put_every_victim_at_a_runs_trained_model(tmp_path: Path) -> Non
         sent = probe.observation.global_params
         assert all(torch.equal(sent[k], trained[k]) for k in sent)
     with pytest.raises(ScenarioError, match="--weights"):
-        AttackExperiment(weights=str(tmp_path / "missing.pt"))
+        check_flags(AttackExperiment(weights=str(tmp_path / "missing.pt")))
     torch.save({"not": torch.zeros(1)}, tmp_path / "other.pt")
     other = AttackExperiment(
         dataset="mnist-embedded", model="lenet5-split", weights=str(tmp_path / "other.pt")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from rich.console import Console
 from torch import nn
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.base import Attack, AttackSetting, Observation, Reconstruction, SharedKind
+from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.attacks.registry import resolve_attack
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ProbeGradient, ServerView
@@ -49,24 +48,20 @@ from fedsim.core.config import (
     first_line,
     lookup,
     require,
-    require_image_size,
 )
 from fedsim.core.data import (
-    DATASETS,
     DatasetBundle,
     Normalization,
-    generated_dataset,
     load_dataset,
 )
 from fedsim.core.devices import pick_device
 from fedsim.core.metrics import ReconstructionScore
-from fedsim.core.models import INITS, MODELS, InputSpec, build_model
+from fedsim.core.models import InputSpec, build_model
 from fedsim.core.protocol import AuditRecord, kebab
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.truth import GroundTruth, probe_gradient
 from fedsim.outputs.figures import draw_pairs, scored_pairs
 from fedsim.outputs.progress import AttackProgressLines
-from fedsim.scenario.validate import check_model_fits
 
 RESULTS_FILE = "results.csv"
 GRID_FILE = "grid.png"
@@ -163,60 +158,6 @@ class AttackExperiment:
     device: str = "auto"
     threads: int = 1
     precision: Precision = "float32"
-
-    def __post_init__(self) -> None:
-        require(self.batch_size >= 1, "--batch-size", self.batch_size, "must be >= 1")
-        require(
-            self.num_images >= 1 and self.num_images % self.batch_size == 0,
-            "--num-images",
-            self.num_images,
-            f"must be a positive multiple of --batch-size ({self.batch_size})",
-        )
-        require(self.seed >= 0, "--seed", self.seed, "must be >= 0")
-        require(self.parallel >= 1, "--parallel", self.parallel, "must be >= 1")
-        cores = os.cpu_count() or 1
-        require(
-            0 <= self.threads <= cores,
-            "--threads",
-            self.threads,
-            f"must be between 0 (PyTorch's default) and this machine's {cores} cores",
-        )
-        require(
-            self.num_classes is None or 1 <= self.num_classes <= MAX_CLASSES,
-            "--num-classes",
-            self.num_classes,
-            f"must be between 1 and {MAX_CLASSES} (absent: the dataset's classes)",
-        )
-        require_image_size(self.image_size, "--image-size")
-        lookup(DATASETS, self.dataset, "--dataset")
-        require(
-            not generated_dataset(DataConfig(dataset=self.dataset)),
-            "--dataset",
-            self.dataset,
-            "is generated feature vectors, not images: the attacks reconstruct images",
-        )
-        lookup(MODELS, self.model, "--model")
-        lookup(INITS, self.init, "--init")
-        require(
-            self.weights is None or Path(self.weights).is_file(),
-            "--weights",
-            self.weights,
-            "no such file (a run's model.pt)",
-        )
-        check_model_fits(self.model, self.image_size, self.channels == "rgb", "--image-size")
-        pick_device(self.device, "--device")
-        # The probe is a whole model's gradient (or its one-step update) on one batch, as
-        # FedAvg's server sees it (uploads: all): an attack that cannot read it refuses here.
-        probed = AttackSetting(
-            ModelConfig(self.model, self.init),
-            ClientConfig(local_steps=1, batch_size=self.batch_size),
-            DataConfig(dataset=self.dataset, image_size=self.image_size),
-            "fedavg",
-            uploads=None,
-            threat_model="probe" if self.shared == "gradient" else "update",
-            probe_batch_size=self.batch_size,
-        )
-        self.resolved_attack().cls.check_setting(probed, "--attack")
 
     def resolved_attack(self) -> Resolved:
         """The attack and its frozen ``Params`` from :attr:`params`."""

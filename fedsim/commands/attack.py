@@ -6,12 +6,16 @@ The experiment itself is :mod:`fedsim.audit.experiment`; this is its face.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedsim.commands import COMMANDS
 from fedsim.core.config import apply_overrides
+
+if TYPE_CHECKING:
+    from fedsim.audit.experiment import AttackExperiment
 
 
 class AttackCommand:
@@ -67,34 +71,34 @@ class AttackCommand:
         add("--out", help="output folder (default runs/attack-<attack>-<dataset>-<time>)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.audit.experiment import (
-            AttackExperiment,
-            run_attack_experiment,
-            write_attack_outputs,
-        )
+        from fedsim.audit.experiment import run_attack_experiment, write_attack_outputs
 
         params: dict[str, Any] = apply_overrides({}, args.params)
         for key in ("restarts", "steps"):
             if getattr(args, key) is not None:
                 params[key] = getattr(args, key)
-        experiment = AttackExperiment(
-            attack=args.attack,
-            params=params,
-            dataset=args.dataset,
-            model=args.model,
-            init=args.init,
-            weights=args.weights,
-            batch_size=args.batch_size,
-            num_images=args.num_images,
-            seed=args.seed,
-            shared=args.shared,
-            channels=args.channels,
-            image_size=args.image_size,
-            num_classes=args.num_classes,
-            parallel=args.parallel,
-            device=args.device,
-            threads=args.threads,
-            precision=args.precision,
+        from fedsim.audit.experiment import AttackExperiment
+
+        experiment = check_flags(
+            AttackExperiment(
+                attack=args.attack,
+                params=params,
+                dataset=args.dataset,
+                model=args.model,
+                init=args.init,
+                weights=args.weights,
+                batch_size=args.batch_size,
+                num_images=args.num_images,
+                seed=args.seed,
+                shared=args.shared,
+                channels=args.channels,
+                image_size=args.image_size,
+                num_classes=args.num_classes,
+                parallel=args.parallel,
+                device=args.device,
+                threads=args.threads,
+                precision=args.precision,
+            )
         )
         out = Path(
             args.out or f"runs/attack-{args.attack}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -105,6 +109,82 @@ class AttackCommand:
         write_attack_outputs(outcome, out)
         _print(outcome, out)
         return 0
+
+
+def check_flags(experiment: AttackExperiment) -> AttackExperiment:
+    """``experiment``'s settings, each checked as the flag that gave it; a one-line
+    :class:`~fedsim.core.config.ScenarioError` naming the flag else."""
+    # Imported here: the command line starts without torch (fedsim --help stays fast).
+    from fedsim.attacks.base import AttackSetting
+    from fedsim.audit.experiment import MAX_CLASSES
+    from fedsim.core.config import (
+        ClientConfig,
+        DataConfig,
+        ModelConfig,
+        lookup,
+        require,
+        require_image_size,
+    )
+    from fedsim.core.data import DATASETS, generated_dataset
+    from fedsim.core.devices import pick_device
+    from fedsim.core.models import INITS, MODELS
+    from fedsim.scenario.validate import check_model_fits
+
+    require(experiment.batch_size >= 1, "--batch-size", experiment.batch_size, "must be >= 1")
+    require(
+        experiment.num_images >= 1 and experiment.num_images % experiment.batch_size == 0,
+        "--num-images",
+        experiment.num_images,
+        f"must be a positive multiple of --batch-size ({experiment.batch_size})",
+    )
+    require(experiment.seed >= 0, "--seed", experiment.seed, "must be >= 0")
+    require(experiment.parallel >= 1, "--parallel", experiment.parallel, "must be >= 1")
+    cores = os.cpu_count() or 1
+    require(
+        0 <= experiment.threads <= cores,
+        "--threads",
+        experiment.threads,
+        f"must be between 0 (PyTorch's default) and this machine's {cores} cores",
+    )
+    require(
+        experiment.num_classes is None or 1 <= experiment.num_classes <= MAX_CLASSES,
+        "--num-classes",
+        experiment.num_classes,
+        f"must be between 1 and {MAX_CLASSES} (absent: the dataset's classes)",
+    )
+    require_image_size(experiment.image_size, "--image-size")
+    lookup(DATASETS, experiment.dataset, "--dataset")
+    require(
+        not generated_dataset(DataConfig(dataset=experiment.dataset)),
+        "--dataset",
+        experiment.dataset,
+        "is generated feature vectors, not images: the attacks reconstruct images",
+    )
+    lookup(MODELS, experiment.model, "--model")
+    lookup(INITS, experiment.init, "--init")
+    require(
+        experiment.weights is None or Path(experiment.weights).is_file(),
+        "--weights",
+        experiment.weights,
+        "no such file (a run's model.pt)",
+    )
+    check_model_fits(
+        experiment.model, experiment.image_size, experiment.channels == "rgb", "--image-size"
+    )
+    pick_device(experiment.device, "--device")
+    # The probe is a whole model's gradient (or its one-step update) on one batch, as
+    # FedAvg's server sees it (uploads: all): an attack that cannot read it refuses here.
+    probed = AttackSetting(
+        ModelConfig(experiment.model, experiment.init),
+        ClientConfig(local_steps=1, batch_size=experiment.batch_size),
+        DataConfig(dataset=experiment.dataset, image_size=experiment.image_size),
+        "fedavg",
+        uploads=None,
+        threat_model="probe" if experiment.shared == "gradient" else "update",
+        probe_batch_size=experiment.batch_size,
+    )
+    experiment.resolved_attack().cls.check_setting(probed, "--attack")
+    return experiment
 
 
 def _print(outcome: Any, out: Path) -> None:

@@ -157,7 +157,7 @@ def reconstruction_tables(run_dir: Path, audit: pd.DataFrame) -> list[dict[str, 
                         "best": attack == best,
                     }
                 )
-            threat = str(group["threat-model"].iloc[0])
+            threat = str(group["threat-model"].iloc[0]) if "threat-model" in group else "update"
             rows.append(
                 {
                     "client": f"{client} ({threat})",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pandas as pd
 from flwr.app import ArrayRecord
 from rich.console import Console
 
@@ -220,7 +221,8 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
         return lines
     verdict = round_verdict_table(verdicts[verdicts["attacks"] > 0], seed, threshold)
     lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.table.rows)
-    probed = sorted(set(audit.loc[audit["threat-model"] == "probe", "round"]))
+    threat = audit.get("threat-model", pd.Series("update", index=audit.index))
+    probed = sorted(set(audit.loc[threat == "probe", "round"]))
     lines += [
         "Reconstruction, per round: for each victim the best PSNR any attack reached, then "
         "the median over the round's victims with a 95 % bootstrap interval, and the share of "
@@ -230,7 +232,7 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
         verdict.table.markdown(),
         "",
     ]
-    if probed and (not leaks.empty or (audit["threat-model"] != "probe").any()):
+    if probed and (not leaks.empty or (threat != "probe").any()):
         lines += [
             f"Round(s) {', '.join(map(str, probed))}: the reconstructions are of the *probe*, a "
             "counterfactual (what one image's gradient at the sent model would give); the "
