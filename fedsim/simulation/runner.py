@@ -27,7 +27,13 @@ from fedsim.core.training import client_config_record
 from fedsim.outputs.progress import Phases
 from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import RunRecorder, write_summary
-from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
+from fedsim.outputs.run_folder import (
+    CLIENT_STATE_DIR,
+    check_out_folder,
+    new_run_dir,
+    save_model,
+    write_scenario,
+)
 from fedsim.outputs.tensorboard import TensorBoardLog
 from fedsim.scenario.validate import Components, actor_count, ray_cpus, validate
 from fedsim.simulation.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
@@ -282,6 +288,8 @@ def _run(
     check_failures(scenario, components.strategy.cls.min_replies)
     fed = scenario.federation
     quiet_flower(HideInjectedFailures())
+    if resume is None:
+        check_out_folder(out, force)  # a finished or running run's folder, before Ray's start-up
     phases = Phases(console)
     phases("starting Ray")
     with session.watching():
