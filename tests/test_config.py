@@ -54,6 +54,8 @@ def _with(table: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("federation.colour", '"blue"', "federation.colour", "unknown key"),
         ("backend.num-gpus", "0.5", "backend.num-gpus", "without a CUDA GPU"),
         ("data.dataset", '"cifar10"', "data.root", "needs a local root"),
+        ("data", '{dataset = "cifar10", root = "/etc/passwd"}', "data.root", "this is a file"),
+        ("data.dataset", '"lfw-faces"', "data.dataset", "has no labels"),
     ],
 )
 def test_bad_input_names_key_value_and_allowed(
