@@ -54,12 +54,13 @@ class RunCommand:
             # The file's form (TOML, keys, types, ranges) is checked before torch, Ray
             # and Flower are imported: a typo is refused in a fraction of a second.
             scenario = load_scenario(scenario_path(args.scenario), args.overrides)
-        from fedsim.simulation.resume import open_resume
         from fedsim.simulation.runner import run_scenario
         from fedsim.strategies.base import TooFewReplies
 
         try:
             if args.resume:
+                from fedsim.simulation.resume import open_resume
+
                 scenario, checkpoint = open_resume(args.resume)
                 run_scenario(scenario, resume=checkpoint)
             else:
