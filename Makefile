@@ -1,5 +1,6 @@
-# The README's two commands: `make demo` and `make test`. Both create or reuse
-# the virtualenv and install what is missing (a stamp file makes it idempotent).
+# The README's commands: `make demo`, `make test` (the whole suite, as CI runs it) and
+# `make check` (the fast lane: the suite without its slow tests). Each creates or reuses
+# the virtualenv and installs what is missing (a stamp file makes it idempotent).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedsim-installed
@@ -9,7 +10,7 @@ export FLWR_TELEMETRY_ENABLED ?= 0
 FMNIST := /usr/share/datasets/fashion-mnist
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install demo test lint lock fmnist chromium
+.PHONY: install demo test check lint lock fmnist chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +40,11 @@ chromium:
 
 test: lint chromium
 	$(VENV)/bin/pytest -q
+
+# The fast lane: what a change is checked with before the whole suite. The tests marked
+# slow run real simulations and long attacks (most of `make test`'s time); CI runs them.
+check: lint
+	$(VENV)/bin/pytest -q -m "not slow"
 
 lock: install
 	(echo "# Exact versions CI tests; the Makefile installs with -c constraints.txt. Regenerate with: make lock"; \

@@ -6,14 +6,19 @@ quickstart's data, model and local training (``fedsim.core.training.train_local`
 - ``torch``: one process, one thread, a Python loop over clients, FedAvg by hand;
 - ``flower``: a bare ``ClientApp`` + Flower's own ``FedAvg.start`` on
   ``run_simulation`` with the same backend (one CPU per client actor);
-- ``fedsim``: ``fedsim.simulation.runner.run_scenario``.
+- ``fedsim``: ``fedsim.simulation.runner.run_scenario`` with the audit off,
+  as the other two have none;
+- ``fedsim-audited``: the same with the quickstart's audit on (its own row:
+  what the audit adds, not overhead).
 
 Each round does the same work: every client trains and evaluates, the server
 averages and evaluates the global model on the test set. A round's time is the
 wall time between the ends of consecutive rounds; the table gives the median of
 rounds 2-5 (round 1 includes the actors' first training) and the whole run's
-wall time, each the median over ``--repeats`` runs in fresh processes. Then a
-cProfile of fedsim's server thread and of its client handler, in process::
+wall time, each the median over ``--repeats`` runs in fresh processes, the
+ways taking turns (one run of each per repeat) so that a change in the
+machine's load falls on all of them. Then a cProfile of fedsim's server thread
+(audit off) and of its client handler, in process::
 
     .venv/bin/python bench/overhead.py [--repeats 3] [--skip-profile]
 """
@@ -42,10 +47,11 @@ OVERRIDES = [
 ]
 
 
-def _scenario() -> Any:
+def _scenario(audited: bool = False) -> Any:
     from fedsim.core.config import load_scenario
 
-    return load_scenario(ROOT / "scenarios" / "quickstart.toml", OVERRIDES)
+    audit = [f"audit.enabled={str(audited).lower()}"]
+    return load_scenario(ROOT / "scenarios" / "quickstart.toml", [*OVERRIDES, *audit])
 
 
 def _round_times(ends: list[float], started: float) -> dict[str, Any]:
@@ -188,8 +194,9 @@ class _RoundEnds:
         self.ends.append(time.perf_counter())
 
 
-def run_fedsim(profile_to: Path | None = None) -> dict[str, Any]:
-    """fedsim itself; with ``profile_to``, its server thread under cProfile."""
+def run_fedsim(profile_to: Path | None = None, audited: bool = False) -> dict[str, Any]:
+    """fedsim itself (``audited``: with the quickstart's audit); with ``profile_to``,
+    its server thread under cProfile."""
     from rich.console import Console
 
     import fedsim.simulation.runner as runner
@@ -219,27 +226,40 @@ def run_fedsim(profile_to: Path | None = None) -> dict[str, Any]:
     ends = _RoundEnds()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        runner.run_scenario(_scenario(), Path(out) / "run", Console(quiet=True), (ends,))
+        runner.run_scenario(_scenario(audited), Path(out) / "run", Console(quiet=True), (ends,))
     wall = time.perf_counter() - started
     return {**_round_times(ends.ends, starts[0]), "wall_s": wall}
 
 
-def measure(kind: str, repeats: int) -> dict[str, Any]:
-    """Median round time and wall time over ``repeats`` fresh processes."""
-    runs = []
+KINDS = ("torch", "flower", "fedsim", "fedsim-audited")
+
+
+def _child(kind: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def measure(repeats: int) -> dict[str, dict[str, Any]]:
+    """Median round time and wall time of every way over ``repeats`` fresh processes,
+    the ways taking turns."""
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     for _ in range(repeats):
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", kind],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        runs.append(json.loads(out.strip().splitlines()[-1]))
+        for kind in KINDS:
+            runs[kind].append(_child(kind))
     return {
-        "round_s": statistics.median(r["round_s"] for r in runs),
-        "wall_s": statistics.median(r["wall_s"] for r in runs),
-        "runs": runs,
+        kind: {
+            "round_s": statistics.median(r["round_s"] for r in done),
+            "wall_s": statistics.median(r["wall_s"] for r in done),
+            "runs": done,
+        }
+        for kind, done in runs.items()
     }
 
 
@@ -309,28 +329,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-profile", action="store_true")
-    parser.add_argument("--child", choices=["torch", "flower", "fedsim"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--profile-to", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.profile_to:
-            result = run_fedsim(args.profile_to)
-        else:
-            result = {"torch": run_torch, "flower": run_flower, "fedsim": run_fedsim}[args.child]()
-        print(json.dumps(result))
+        ways = {
+            "torch": run_torch,
+            "flower": run_flower,
+            "fedsim": lambda: run_fedsim(args.profile_to),
+            "fedsim-audited": lambda: run_fedsim(audited=True),
+        }
+        print(json.dumps(ways[args.child]()))
         return
-    results = {kind: measure(kind, args.repeats) for kind in ("torch", "flower", "fedsim")}
-    fedsim, flower, torch_ = results["fedsim"], results["flower"], results["torch"]
-    print(f"{CLIENTS} clients, {ROUNDS} rounds, median of {args.repeats} runs")
-    print(f"{'':8} {'s/round':>8} {'wall s':>8}")
+    results = measure(args.repeats)
+    flower, torch_ = results["flower"], results["torch"]
+    print(f"{CLIENTS} clients, {ROUNDS} rounds, median of {args.repeats} runs, ways in turn")
+    print(f"{'':15} {'s/round':>8} {'wall s':>8}")
     for kind, r in results.items():
-        print(f"{kind:8} {r['round_s']:>8.2f} {r['wall_s']:>8.1f}")
-    print(
-        f"fedsim / flower: {fedsim['round_s'] / flower['round_s']:.3f} per round, "
-        f"{fedsim['wall_s'] / flower['wall_s']:.3f} wall; "
-        f"fedsim / torch: {fedsim['round_s'] / torch_['round_s']:.2f} per round, "
-        f"{fedsim['wall_s'] / torch_['wall_s']:.2f} wall"
-    )
+        print(f"{kind:15} {r['round_s']:>8.2f} {r['wall_s']:>8.1f}")
+    for kind in ("fedsim", "fedsim-audited"):
+        ours = results[kind]
+        print(
+            f"{kind} / flower: {ours['round_s'] / flower['round_s']:.3f} per round, "
+            f"{ours['wall_s'] / flower['wall_s']:.3f} wall; "
+            f"{kind} / torch: {ours['round_s'] / torch_['round_s']:.2f} per round, "
+            f"{ours['wall_s'] / torch_['wall_s']:.2f} wall"
+        )
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "overhead.json").write_text(json.dumps(results, indent=2))

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunInterrupted as err:
         print(f"fedsim: {err}", file=sys.stderr)
-        return INTERRUPTED_STATUS
+        return err.status
     except KeyboardInterrupt:  # Ctrl-C before a command's own handling (imports, reading)
         print(f"fedsim: interrupted (SIGINT); {args.command} did not finish", file=sys.stderr)
         return INTERRUPTED_STATUS

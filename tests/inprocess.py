@@ -31,7 +31,7 @@ from fedsim.scenario.validate import check_components
 from fedsim.simulation.discovery import discover_partitions
 from fedsim.simulation.flower import message_context
 from fedsim.simulation.loop import run_rounds
-from fedsim.simulation.runner import build_strategy
+from fedsim.simulation.runner import build_strategy, sampled_grid
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -119,6 +119,7 @@ class InProcessRun:
     strategy: Any
     grid: InProcessGrid
     final_arrays: ArrayRecord
+    scenario: Scenario
     records: list[RoundRecord] = field(default_factory=list)
     arrays_per_round: list[ArrayRecord] = field(default_factory=list)
     private_per_round: list[dict[int, ArrayRecord | None]] = field(default_factory=list)
@@ -139,8 +140,7 @@ class InProcessRun:
     ) -> ClientEnv:
         """Partition ``partition``'s client world, with its node state unless ``state``."""
         node_state = self.grid.state(partition) if state is None else state
-        scenario = self.strategy.require_engine("env").server.scenario
-        return ClientEnv.create(scenario, partition, node_state, state_dir)
+        return ClientEnv.create(self.scenario, partition, node_state, state_dir)
 
 
 def tiny_table(strategy: dict[str, Any], **tables: dict[str, Any]) -> dict[str, Any]:
@@ -173,15 +173,17 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     nodes = discover_partitions(grid)  # type: ignore[arg-type]
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluated_per_round)
     server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
-    strategy = build_strategy(check_components(scenario), sampler, server)
-    run = InProcessRun(strategy, grid, strategy.initial_arrays())
+    components = check_components(scenario)
+    strategy = build_strategy(components, server)
+    run = InProcessRun(strategy, grid, strategy.initial_arrays(), scenario)
     run.final_arrays = run_rounds(
         strategy,
-        grid,  # type: ignore[arg-type]
+        sampled_grid(grid, components, sampler),  # type: ignore[arg-type]
         run.final_arrays,
         range(1, fed.rounds + 1),
         train_config=client_config_record(scenario.client),
         evaluate_config={},
         callbacks=(run,),
+        evaluate_fn=server.evaluate if strategy_cls.global_model else None,
     )
     return run

@@ -102,8 +102,16 @@ def test_weights_put_every_victim_at_a_runs_trained_model(tmp_path: Path) -> Non
         experiment_probes(other)
 
 
-def test_a_closed_form_attack_runs_through_the_command(tmp_path: Path) -> None:
+def test_a_closed_form_attack_runs_through_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedsim.core.config import ModelConfig
+    from fedsim.core.models import InputSpec, build_model
+
     out = tmp_path / "analytic"
+    weights = tmp_path / "model.pt"
+    trained = build_model(ModelConfig("lenet5-split"), InputSpec(1, 32, 10), seed=3)
+    torch.save(trained.state_dict(), weights)
 
     status = main(
         [
@@ -111,13 +119,16 @@ def test_a_closed_form_attack_runs_through_the_command(tmp_path: Path) -> None:
             "--attack", "analytic-fc",
             "--dataset", "mnist-embedded",
             "--model", "lenet5-split",
-            "--init", "default",
+            "--weights", str(weights),
             "--num-images", "1",
             "--out", str(out),
         ]
     )  # fmt: skip
 
     assert status == 0
+    said = "".join(capsys.readouterr().out.split())  # rich wraps the title to the terminal
+    assert f"lenet5-split(weights{weights})" in said  # not the --init it did not use
+    assert "uniform" not in said
     table = pd.read_csv(out / RESULTS_FILE)
     # Features read exactly off the classifier's first layer, inverted through the
     # extractor: measured 35-43 dB on these digits.

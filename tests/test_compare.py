@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +357,17 @@ def test_a_run_with_a_portfolio_gets_a_verdict_row_first(tmp_path: Path) -> None
     # Per victim the best attack (22 and 30 dB), then the mean as for every attack row.
     assert rows[0]["psnr"] == pytest.approx(26.0) and rows[0]["audited"] == 2
     assert rows[1]["psnr"] == pytest.approx(18.0)
+
+
+def test_a_sweep_of_unaudited_runs_reads_back_without_a_pandas_warning(tmp_path: Path) -> None:
+    from fedsim.sweeps.report import _read_frame
+
+    # Every run unaudited: the attack column is empty, which pandas reads as float nan.
+    (tmp_path / TABLE_CSV).write_text("configuration,attack,accuracy-mean\nFedAvg,,0.9\nB,,0.8\n")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pandas' Pandas4Warning: an error in a coming pandas
+        frame = _read_frame(tmp_path / TABLE_CSV)
+
+    assert frame["attack"].tolist() == ["", ""]
+    assert frame["accuracy-mean"].tolist() == [0.9, 0.8]

@@ -54,6 +54,8 @@ def _with(table: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("federation.colour", '"blue"', "federation.colour", "unknown key"),
         ("backend.num-gpus", "0.5", "backend.num-gpus", "without a CUDA GPU"),
         ("data.dataset", '"cifar10"', "data.root", "needs a local root"),
+        ("data", '{dataset = "cifar10", root = "/etc/passwd"}', "data.root", "this is a file"),
+        ("data.dataset", '"lfw-faces"', "data.dataset", "has no labels"),
     ],
 )
 def test_bad_input_names_key_value_and_allowed(
@@ -168,3 +170,42 @@ def test_console_script_reports_bad_set_value(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "federation.clients-per-round = 9" in result.stderr
     assert "between 1 and num-clients (4)" in result.stderr
+
+
+@pytest.mark.parametrize("item", ["..=1", "a..b=1", "federation.=1", " .rounds=2"])
+def test_a_set_key_with_an_empty_part_is_named(item: str) -> None:
+    with pytest.raises(ScenarioError, match=r"--set = .*has an empty part; must look like key"):
+        apply_overrides({}, [item])
+
+
+# What a scenario's form check may not wait for: each takes seconds to import.
+HEAVY_MODULES = ("torch", "torchvision", "ray", "flwr", "flwr_datasets", "pandas")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('name = "x"\n[federation\nrounds = 2\n', "is not valid TOML"),
+        ('name = "x"\n[federation]\nround = 2\n', "federation.round = 2: unknown key"),
+        ('name = "x"\n[federation]\nrounds = "two"\n', "federation.rounds"),
+    ],
+)
+def test_a_malformed_scenario_is_refused_before_the_heavy_imports(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    # A fresh interpreter: this test process has imported everything already.
+    probe = (
+        "import sys\n"
+        "from fedsim.cli import main\n"
+        f"rc = main(['run', {str(bad)!r}, '--out', {str(tmp_path / 'r')!r}])\n"
+        f"print(rc, [m for m in {HEAVY_MODULES!r} if m in sys.modules])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False
+    )
+
+    assert result.stdout.split("\n")[0] == "2 []", result.stdout + result.stderr
+    assert says in result.stderr
+    assert not (tmp_path / "r").exists()

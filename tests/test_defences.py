@@ -231,7 +231,7 @@ def test_private_gradients_average_clipped_example_gradients(
     layer = torch.nn.Linear(3, 1, bias=False)
     torch.nn.init.ones_(layer.weight)
     inputs = torch.tensor([[0.1, 0.0, 0.0], [3.0, 4.0, 0.0]])  # gradient norms 0.1 and 5
-    cfg = fedcg_dp_run.strategy.require_engine("test").server.scenario.client
+    cfg = fedcg_dp_run.scenario.client
 
     loss = private.private_gradients(
         layer, lambda i: layer(inputs[i]).sum(), batch=2, cfg=cfg, examples=100

@@ -25,14 +25,13 @@ from test_resume import TINY, reference_run
 from fedsim.clients.failures import STRAGGLER_GRACE_S, InjectedFailure, inject_failures
 from fedsim.core import protocol
 from fedsim.core.config import ScenarioError, scenario_from_dict
-from fedsim.core.data import load_dataset
 from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
 from fedsim.simulation.failures import FailurePlan, mark
 from fedsim.simulation.loop import Exchange
 from fedsim.simulation.runner import run_scenario
-from fedsim.strategies.base import EngineServices, ServerResources, TooFewReplies
+from fedsim.strategies.base import TooFewReplies
 from fedsim.strategies.fedavg import FedAvg
-from fedsim.strategies.sampling import PartitionSampler
+from fedsim.strategies.sampling import PartitionSampler, SampledGrid
 
 NODE = 100  # node id of partition p is NODE + p
 
@@ -103,21 +102,19 @@ def _reply(request: Message, arrays: ArrayRecord | None = None) -> Message:
 
 
 @pytest.mark.usefixtures("message_identity")
-def test_fedavg_aggregates_with_enough_replies_and_stops_below() -> None:
-    scenario = scenario_from_dict(TINY)
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+def test_a_round_aggregates_with_enough_replies_and_stops_below() -> None:
     sampler = PartitionSampler({p: NODE + p for p in range(4)}, seed=3, per_round=3)
-    strategy = FedAvg().attach_engine(EngineServices(sampler, server))
-    strategy.sampled = [0, 1, 2]
-    arrays = strategy.initial_arrays()
+    grid = SampledGrid(None, sampler, FedAvg.min_replies)  # the threshold is the grid's
+    arrays = ArrayRecord({"w": torch.ones(2)})
     ok = [_reply(_request(p), arrays) for p in (0, 1)]
     error = Message(Error(code=0, reason="client crashed"), reply_to=_request(2))
 
-    new_arrays, _ = strategy.aggregate_train(1, [*ok, error])  # 2 of 3: FedAvg needs 2
+    grid.check_replies(1, 3, [*ok, error])  # 2 of 3: FedAvg needs 2
+    new_arrays, _ = FedAvg().aggregate_train(1, [*ok, error])
 
     assert new_arrays is not None
-    with pytest.raises(TooFewReplies, match="1 of 3 sampled clients replied; FedAvg needs 2"):
-        strategy.aggregate_train(2, [ok[0], error])
+    with pytest.raises(TooFewReplies, match="1 of 3 sampled clients replied; the strategy needs 2"):
+        grid.check_replies(2, 3, [ok[0], error])
 
 
 @pytest.mark.usefixtures("message_identity")

@@ -7,9 +7,6 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
-from fedsim.core.config import Scenario
-from fedsim.core.data import load_dataset
-from fedsim.strategies.base import EngineServices, ServerResources
 from fedsim.strategies.fedavg import FedAvg
 from fedsim.strategies.sampling import PartitionSampler
 
@@ -40,17 +37,10 @@ def _replies(seed: int) -> tuple[list[Message], list[dict[str, np.ndarray]], lis
     return messages, weights, sizes
 
 
-def _fedsim_fedavg() -> FedAvg:
-    scenario = Scenario()
-    sampler = PartitionSampler({0: 0, 1: 1, 2: 2}, seed=0, per_round=3)
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
-    return FedAvg().attach_engine(EngineServices(sampler, server))
-
-
 def test_aggregate_is_example_weighted_mean_and_matches_flower(message_identity: None) -> None:
     messages, weights, sizes = _replies(0)
 
-    ours, metrics = _fedsim_fedavg().aggregate_train(1, messages)
+    ours, metrics = FedAvg().aggregate_train(1, messages)
     flowers, _ = FlowerFedAvg().aggregate_train(1, messages)
 
     assert ours is not None and flowers is not None and metrics is not None

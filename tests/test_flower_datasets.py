@@ -4,6 +4,8 @@ one-line refusals, the same outcome as fedsim's own where they mean the same thi
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,6 +41,17 @@ def test_every_flower_partitioner_is_offered_or_left_out_with_a_reason() -> None
     for name in SUPPORTED:
         assert PREFIX + name in PARTITIONERS.names()
         assert PARTITIONERS.describe(PREFIX + name)  # a line for fedsim list
+
+
+def test_registering_the_partitioners_imports_no_flower_datasets() -> None:
+    # A fresh interpreter: this one has imported Flower Datasets already. Registration
+    # checks each partitioner's Params without running its lazy import (seconds).
+    probe = "import sys, fedsim.core.partition; print('flwr_datasets' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+
+    assert result.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("name", sorted(SUPPORTED))

@@ -9,6 +9,7 @@ sample like Flower's and evaluate no global model.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import strategy as flower
 from inprocess import InProcessGrid, run_inprocess, tiny_table
 
+from fedsim.clients.app import build_client_app
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
+from fedsim.core.training import client_config_record
 from fedsim.scenario.validate import check_components
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.base import EngineServices, ServerResources
+from fedsim.strategies.base import ServerResources
 from fedsim.strategies.fedavg import FedAvg
 from fedsim.strategies.fedcg import FedCG
 from fedsim.strategies.fedprox import FedProx
-from fedsim.strategies.sampling import PartitionSampler
 
 BUILTINS = {
     "fedadam": (flower.FedAdam, {"eta": 0.05}),
@@ -142,9 +144,7 @@ def test_fedsim_strategies_take_keyword_hyper_parameters_with_papers_defaults() 
         assert isinstance(cls.from_params(cls.Params()), flower.Strategy)
 
 
-def test_without_the_engine_sampling_is_flowers_and_there_is_no_global_evaluation(
-    message_identity: None,
-) -> None:
+def test_outside_fedsims_loop_sampling_is_flowers(message_identity: None) -> None:
     strategy = FedAvg(fraction_train=0.5, min_train_nodes=1, min_available_nodes=1)
     arrays = ArrayRecord({"w": torch.zeros(3)})
 
@@ -155,9 +155,54 @@ def test_without_the_engine_sampling_is_flowers_and_there_is_no_global_evaluatio
     assert len(messages) == 2
     assert {m.metadata.dst_node_id for m in messages} <= {11, 12, 13, 14}
     assert messages[0].content["config"]["server-round"] == 3
-    assert strategy.evaluate_global(3, arrays) is None
-    with pytest.raises(RuntimeError, match="needs fedsim's engine"):
+    with pytest.raises(RuntimeError, match=r"needs network=.*pass initial_arrays instead"):
         strategy.initial_arrays()
+
+
+class _ByPartition(InProcessGrid):
+    """Replies in partition order, as fedsim's loop sorts them: float sums depend on
+    the order, and Flower's start() keeps the order it shuffled the nodes in."""
+
+    def send_and_receive(
+        self, messages: Iterable[Message], timeout: float | None = None
+    ) -> list[Message]:
+        replies = super().send_and_receive(messages, timeout)
+        return sorted(replies, key=lambda reply: reply.metadata.src_node_id)
+
+
+@pytest.mark.parametrize(
+    ("table", "build"),
+    [
+        ({"name": "fedavg"}, lambda network: FedAvg(network=network)),
+        ({"name": "fedprox", "proximal-mu": 0.1}, lambda network: FedProx(0.1, network=network)),
+    ],
+    ids=["fedavg", "fedprox"],
+)
+def test_a_fedsim_strategy_runs_unchanged_under_flowers_start(
+    table: dict[str, Any], build: Any, message_identity: None
+) -> None:
+    # Every client every round, so that Flower's unseeded sampling picks the same.
+    scenario = scenario_from_dict(tiny_table(table, federation={"num-clients": 3, "rounds": 2}))
+    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    strategy = build(server.model)  # as a Flower user builds it
+    grid = _ByPartition(build_client_app(scenario, strategy.client_routine), 3)
+
+    initial = strategy.initial_arrays()
+    result = strategy.start(
+        grid,
+        initial,
+        num_rounds=2,
+        train_config=ConfigRecord(client_config_record(scenario.client)),
+        evaluate_fn=server.evaluate,
+    )
+    ours = run_inprocess(scenario)  # the same scenario under fedsim's loop
+
+    assert len(grid.replies("train")) == 6 and set(ours.final_arrays) == set(result.arrays)
+    for key in result.arrays:
+        np.testing.assert_array_equal(result.arrays[key].numpy(), ours.final_arrays[key].numpy())
+    assert any(not np.array_equal(result.arrays[k].numpy(), initial[k].numpy()) for k in initial)
+    flowers_eval = result.evaluate_metrics_serverapp[2]
+    assert dict(flowers_eval) == ours.records[1].server
 
 
 @pytest.mark.slow
@@ -177,13 +222,10 @@ def test_the_audit_attacks_replies_to_a_flower_builtin(tmp_path: Path) -> None:
     assert np.isfinite(audit["psnr"]).all() and (audit["batch-size"] == 1).all()
 
 
-def test_the_start_up_banner_tells_the_engines_sampling() -> None:
+def test_the_start_up_banner_tells_the_hyper_parameters() -> None:
     import logging
 
-    scenario = scenario_from_dict(_tiny({"name": "fedprox", "proximal-mu": 0.1}))
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
-    sampler = PartitionSampler({p: 10 + p for p in range(5)}, seed=7, per_round=2)
-    strategy = FedProx(proximal_mu=0.1).attach_engine(EngineServices(sampler, server))
+    strategy = FedProx(proximal_mu=0.1)
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
@@ -198,6 +240,5 @@ def test_the_start_up_banner_tells_the_engines_sampling() -> None:
         flwr_logger.setLevel(level)
 
     banner = "\n".join(records)
-    assert "seed 7" in banner and "train: 2 of 5 clients per round" in banner
-    assert "evaluate: 5 of 5" in banner and "proximal_mu=0.1" in banner
-    assert "Fraction" not in banner  # Flower's own fractions are not what happens
+    assert "proximal_mu=0.1" in banner
+    assert "Fraction" in banner  # Flower's own sampling: what happens under its start()

@@ -18,6 +18,7 @@ import tomli_w
 from flwr.app import ArrayRecord
 from processes import fedsim, in_session, left, wait_for_ray_start
 
+from fedsim.cli import main as cli_main
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import METRICS_FILE, unlock_run_dir
 from fedsim.simulation.children import ChildRuns
@@ -99,13 +100,14 @@ def test_sigint_stops_and_resume_then_sigkill_leaves_nothing(tmp_path: Path) -> 
     assert not _alive(ray_processes)
     assert not session_file.exists()
 
-    # Resume, then kill the driver outright: what it leaves (Ray's dashboard and
-    # runtime-env agents outlive it) is gone once the next run starts Ray.
+    # Resume, then kill the driver outright: what it started (Ray's dashboard and
+    # runtime-env agents would outlive it by a minute) is reaped at once.
     resumed = fedsim("run", "--resume", str(run_dir))
     _wait_for_round(run_dir, checkpoint.round + 1, resumed)
     session_file, ray_processes = _session(resumed.pid)
     resumed.kill()
     resumed.wait(timeout=30)
+    assert not _alive(ray_processes, wait=15)
     # SIGKILL can land between a round's metrics row and its checkpoint: what is
     # saved is the checkpoint's round (a resume drops the unfinished round's rows).
     _, killed_at = open_resume(run_dir)
@@ -282,6 +284,52 @@ def test_an_interrupted_sweep_starts_no_more_child_runs() -> None:
     children.interrupt()
 
     assert children.run([sys.executable, "-c", "raise SystemExit(0)"], sys.stdout) == 130
+
+
+def test_a_driver_killed_with_sigkill_leaves_nothing_running() -> None:
+    # A driver whose recorded process (as Ray's agents) is outside its group: no
+    # later run is started, yet the process is gone once the driver is.
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "from fedsim.simulation.lifecycle import RaySession\n"
+            "from fedsim.simulation.procfs import proc_stat\n"
+            "agent = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+            " start_new_session=True)\n"
+            "session = RaySession(scan=lambda pid: {agent.pid: proc_stat(agent.pid)[1]})\n"
+            "with session.watching():\n"
+            "    session.record()\n"
+            "    print(agent.pid, proc_stat(agent.pid)[1], flush=True)\n"
+            "    time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert driver.stdout is not None
+    agent, start = map(int, driver.stdout.readline().split())
+
+    driver.kill()
+    driver.wait(timeout=10)
+
+    assert not _alive({agent: start}, wait=10)  # measured well under 1 s
+
+
+def test_a_stop_by_sigterm_exits_143_and_by_sigint_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedsim.commands.run import RunCommand
+
+    for name, status in [("SIGTERM", 143), ("SIGINT", 130)]:
+
+        def stopped(self: RunCommand, args: object, name: str = name) -> int:
+            raise RunInterrupted(name, None, 0)
+
+        monkeypatch.setattr(RunCommand, "run", stopped)
+        assert cli_main(["run", "x.toml"]) == status
+        said = f"fedsim: interrupted ({name}) while starting; nothing written: run again\n"
+        assert capsys.readouterr().err == said
 
 
 def test_reaping_kills_the_unrecorded_rest_of_a_dead_drivers_group() -> None:

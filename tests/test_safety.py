@@ -29,10 +29,12 @@ from fedsim.outputs.run_folder import (
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,
     LOCK_FILE,
+    check_out_folder,
     new_run_dir,
     unlock_run_dir,
     write_scenario,
 )
+from fedsim.simulation import runner
 from fedsim.simulation.checkpoint import (
     DELETED_FILE,
     MANIFEST_FILE,
@@ -276,10 +278,28 @@ def test_two_processes_cannot_run_in_one_folder(tmp_path: Path) -> None:
             open_resume(run_dir)
         with pytest.raises(ScenarioError, match="in use by another fedsim process"):
             new_run_dir(scenario_from_dict(SCENARIO), run_dir)
+        with pytest.raises(ScenarioError, match="in use by another fedsim process"):
+            check_out_folder(run_dir, force=True)  # what a run checks before Ray starts
     finally:
         holder.kill()
         holder.wait()
     open_resume(run_dir)  # the lock died with its holder
+
+
+def test_an_occupied_out_folder_is_refused_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    (finished / "metrics.csv").write_text("round\n1\n")
+
+    def no_ray(*args: object) -> None:
+        raise AssertionError("Ray started before the --out folder was checked")
+
+    monkeypatch.setattr(runner, "start_ray", no_ray)
+    with pytest.raises(ScenarioError, match=r"--out.*this one holds files"):
+        runner.run_scenario(scenario_from_dict(SCENARIO), finished, console=QUIET)
+    assert sorted(p.name for p in finished.iterdir()) == ["metrics.csv"]  # nothing created
 
 
 @pytest.mark.parametrize("marker", [b"{half", b"[1, 2]", b"\xff\xfe"])

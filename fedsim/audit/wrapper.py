@@ -67,11 +67,6 @@ class AuditedStrategy(FedsimStrategy):
             raise RuntimeError(f"{type(self.inner).__name__} has no initial model: pass one")
         return self.inner.initial_arrays()
 
-    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
-        if not isinstance(self.inner, EngineHooks):
-            return None
-        return self.inner.evaluate_global(server_round, arrays)
-
     def state_for_checkpoint(self) -> dict[str, Any]:
         if not isinstance(self.inner, EngineHooks):
             return {}

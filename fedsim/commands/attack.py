@@ -204,7 +204,9 @@ def _print(outcome: Any, out: Path) -> None:
         "label acc",
         "objective",
         "seconds",
-        title=f"{exp.attack} on {exp.dataset}, {exp.model} ({exp.init}), batch {exp.batch_size}",
+        # The victim's weights are a run's model.pt or the --init scheme, never both.
+        title=f"{exp.attack} on {exp.dataset}, {exp.model} "
+        f"({f'weights {exp.weights}' if exp.weights else exp.init}), batch {exp.batch_size}",
     )
     for column in table.columns:
         column.overflow = "fold"  # wrap in a narrow terminal or a log instead of cutting

@@ -29,7 +29,7 @@ class CompareCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from fedsim.outputs.run_folder import REPORT_FILE as HTML_REPORT
-        from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RunInterrupted
+        from fedsim.simulation.lifecycle import RunInterrupted, signal_status
         from fedsim.sweeps.report import REPORT_FILE
         from fedsim.sweeps.runs import RUNS_DIR, is_finished, run_sweep
         from fedsim.sweeps.spec import check_machines, configurations, load_spec
@@ -53,7 +53,7 @@ class CompareCommand:
                 f"continue with fedsim compare {args.spec} --out {out}",
                 markup=False,
             )
-            return INTERRUPTED_STATUS
+            return signal_status(name)
         console.print(f"\nreport: {out / HTML_REPORT} (and {out / REPORT_FILE})")
         if outcome.failed:
             console.print(f"[red]{len(outcome.failed)} run(s) failed; rerun to retry them[/red]")

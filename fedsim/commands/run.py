@@ -41,28 +41,30 @@ class RunCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from fedsim.simulation.resume import open_resume
+        if args.resume:
+            if args.scenario or args.overrides or args.out or args.force:
+                raise ScenarioError(
+                    "--resume",
+                    args.resume,
+                    "takes no scenario file, --set, --out or --force: the run continues "
+                    "with its own scenario.toml in its own directory",
+                )
+        else:
+            require(bool(args.scenario), "scenario", None, "give a file, or --resume RUN_DIR")
+            # The file's form (TOML, keys, types, ranges) is checked before torch, Ray
+            # and Flower are imported: a typo is refused in a fraction of a second.
+            scenario = load_scenario(scenario_path(args.scenario), args.overrides)
         from fedsim.simulation.runner import run_scenario
         from fedsim.strategies.base import TooFewReplies
 
         try:
             if args.resume:
-                if args.scenario or args.overrides or args.out or args.force:
-                    raise ScenarioError(
-                        "--resume",
-                        args.resume,
-                        "takes no scenario file, --set, --out or --force: the run continues "
-                        "with its own scenario.toml in its own directory",
-                    )
+                from fedsim.simulation.resume import open_resume
+
                 scenario, checkpoint = open_resume(args.resume)
                 run_scenario(scenario, resume=checkpoint)
             else:
-                require(bool(args.scenario), "scenario", None, "give a file, or --resume RUN_DIR")
-                run_scenario(
-                    load_scenario(scenario_path(args.scenario), args.overrides),
-                    args.out,
-                    force=args.force,
-                )
+                run_scenario(scenario, args.out, force=args.force)
         except TooFewReplies as err:
             print(
                 f"fedsim: error: {err}. Every completed round is checkpointed: "

@@ -581,6 +581,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         key, sep, text = item.partition("=")
         require(bool(sep) and bool(key.strip()), "--set", item, "must look like key.path=value")
         parts = key.strip().split(".")
+        require(
+            all(part.strip() for part in parts),
+            "--set",
+            item,
+            f"key {key.strip()!r} has an empty part; must look like key.path=value "
+            "(e.g. federation.rounds=5)",
+        )
+        parts = [part.strip() for part in parts]
         node = raw
         for i, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})

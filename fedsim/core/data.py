@@ -388,6 +388,18 @@ def check_dataset_available(cfg: DataConfig) -> None:
                 f"dataset {cfg.dataset!r} needs a local root folder "
                 "(or data.download = true on a machine with a network)",
             )
-        if not Path(cfg.root).expanduser().is_dir():
+        root = Path(cfg.root).expanduser()
+        if root.exists() and not root.is_dir():
+            raise ScenarioError("data.root", cfg.root, "a folder; this is a file")
+        if not root.is_dir():
             raise ScenarioError("data.root", cfg.root, "no such folder")
-    load_raw(cfg)  # raises ScenarioError for missing or malformed files
+    raw = load_raw(cfg)  # raises ScenarioError for missing or malformed files
+    if raw.num_classes < 2:
+        # Every label is the one class: any model scores accuracy 1.0, which means nothing.
+        raise ScenarioError(
+            "data.dataset",
+            cfg.dataset,
+            "has no labels (one class), so a federated run's classifier and its accuracy "
+            "mean nothing; attack its images with fedsim attack --dataset "
+            f"{cfg.dataset}, or train on a labelled dataset",
+        )

@@ -11,6 +11,7 @@ group and the plugins a scenario named; each entry records where it came from.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import sys
 from collections.abc import Callable, Iterator
@@ -129,7 +130,9 @@ class Registry(Generic[T]):
             )
         else:
             ok, expected = callable(obj), "a callable"
-        missing = [attr for attr in self._needs if not hasattr(obj, attr)]
+        # Looked up statically: hasattr would run a lazy attribute (a Flower Datasets
+        # partitioner's Params imports flwr_datasets, seconds, on first use).
+        missing = [attr for attr in self._needs if not _has_static(obj, attr)]
         if not ok or missing:
             what = f"has no {missing[0]!r}" if ok else f"is {_kind_of(obj)}"
             raise RegistrationError(
@@ -201,3 +204,11 @@ def _kind_of(obj: Any) -> str:
         return f"the class {obj.__qualname__}"
     name = type(obj).__qualname__
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+_ABSENT = object()
+
+
+def _has_static(obj: Any, attr: str) -> bool:
+    """Whether ``obj`` has ``attr``, without running a property or cached property."""
+    return inspect.getattr_static(obj, attr, _ABSENT) is not _ABSENT

@@ -113,6 +113,12 @@ def _refuse(run_dir: Path, what: str) -> ScenarioError:
     return ScenarioError("run folder", str(run_dir), what)
 
 
+def _in_use(run_dir: Path) -> ScenarioError:
+    return _refuse(
+        run_dir, "is in use by another fedsim process; wait for it or choose another folder"
+    )
+
+
 def check_no_links(run_dir: Path) -> None:
     """A run folder is plain files: fedsim never reads or writes through a symbolic link in it."""
     for folder, dirs, files in os.walk(run_dir):  # does not descend into linked folders
@@ -167,9 +173,7 @@ def lock_run_dir(run_dir: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise _refuse(
-            run_dir, "is in use by another fedsim process; wait for it or choose another folder"
-        ) from None
+        raise _in_use(run_dir) from None
     _held_locks[key] = fd
 
 
@@ -196,8 +200,7 @@ def new_run_dir(scenario: Scenario, out: str | Path | None, force: bool = False)
             suffix += 1
     else:
         path = Path(out)
-        if path.exists() and not path.is_dir():
-            raise ScenarioError("--out", str(path), "a folder; this is a file")
+        check_out_folder(path, force)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -208,14 +211,44 @@ def new_run_dir(scenario: Scenario, out: str | Path | None, force: bool = False)
     if any(entry.name != LOCK_FILE for entry in path.iterdir()):
         if not force:
             unlock_run_dir(path)
-            raise ScenarioError(
-                "--out",
-                str(path),
-                "a new or empty folder; this one holds files (continue a stopped run "
-                "with --resume, or pass --force to replace the run files in it)",
-            )
+            raise _occupied(path)
         clear_run_outputs(path)
     return path
+
+
+def _occupied(path: Path) -> ScenarioError:
+    return ScenarioError(
+        "--out",
+        str(path),
+        "a new or empty folder; this one holds files (continue a stopped run "
+        "with --resume, or pass --force to replace the run files in it)",
+    )
+
+
+def check_out_folder(out: str | Path | None, force: bool = False) -> None:
+    """Refuse an ``--out`` that :func:`new_run_dir` would refuse, creating and locking nothing.
+
+    Called before Ray starts, so a finished or running run's folder is refused at
+    once rather than after the start-up; :func:`new_run_dir` checks again under the lock.
+    """
+    if out is None:
+        return
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ScenarioError("--out", str(path), "a folder; this is a file")
+    if not path.is_dir() or path.resolve() in _held_locks:
+        return
+    lock = path / LOCK_FILE
+    if lock.is_file() and not lock.is_symlink():
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(path) from None
+        finally:
+            os.close(fd)  # releases the probe's lock, if it got one
+    if not force and any(entry.name != LOCK_FILE for entry in path.iterdir()):
+        raise _occupied(path)
 
 
 def clear_run_outputs(path: Path) -> None:

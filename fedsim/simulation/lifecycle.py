@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -56,9 +57,19 @@ if TYPE_CHECKING:  # the command line imports this module: keep Flower out of it
 
 INTERRUPTED_STATUS = 130  # the shell's status for a run stopped by SIGINT
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_STATUSES = tuple(128 + sig for sig in STOP_SIGNALS)  # 130 and 143
 SESSION_DIR = Path(tempfile.gettempdir()) / f"fedsim-sessions-{os.getuid()}"
 RECORD_EVERY = 1.0  # seconds between scans of the driver's descendants
 REAP_TIMEOUT = 10.0  # seconds to wait for killed orphans to end (measured: well under 1)
+
+
+def signal_status(signal_name: str) -> int:
+    """128 + the number of ``signal_name`` (``"SIGTERM"``: 143); :data:`INTERRUPTED_STATUS`
+    for a name that is no signal's."""
+    try:
+        return 128 + signal.Signals[signal_name].value
+    except KeyError:
+        return INTERRUPTED_STATUS
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -74,6 +85,12 @@ class RunInterrupted(KeyboardInterrupt):
         self.signal_name = signal_name
         self.run_dir = run_dir
         self.last_round = last_round
+
+    @property
+    def status(self) -> int:
+        """The exit status a stop by this signal gets: 128 + its number, as a shell's
+        (130 for SIGINT, 143 for SIGTERM; 130 when the signal is not named)."""
+        return signal_status(self.signal_name)
 
     def __str__(self) -> str:
         if self.run_dir is None:
@@ -171,8 +188,9 @@ class StopGuard:
         # Wait for a round's outputs to be complete, and keep the lock: none start again.
         self._writing.acquire()
         self.on_force()
-        print(f"fedsim: {self.interrupted()}", file=sys.stderr, flush=True)
-        os._exit(INTERRUPTED_STATUS)
+        stop = self.interrupted()
+        print(f"fedsim: {stop}", file=sys.stderr, flush=True)
+        os._exit(stop.status)
 
     def interrupted(self) -> RunInterrupted:
         return RunInterrupted(self.signal_name or "signal", self.run_dir, self.last_round)
@@ -264,10 +282,39 @@ class RaySession:
     def watching(self) -> Iterator[RaySession]:
         self._thread = threading.Thread(target=self._record_loop, daemon=True)
         self._thread.start()
+        reaper = start_reaper()
         try:
             yield self
         finally:
             self.kill_remaining()
+            with suppress(subprocess.TimeoutExpired):  # closing its stdin ends it
+                reaper.communicate(timeout=REAP_TIMEOUT)
+
+
+def start_reaper() -> subprocess.Popen[bytes]:
+    """A small process that reaps this driver's Ray processes as soon as the driver dies.
+
+    A driver killed with SIGKILL cannot kill what it started, and Ray's dashboard and
+    runtime-env agents only notice their raylet is gone about a minute later. The
+    reaper holds the read end of a pipe whose only writer is this process (Python's
+    pipes are not inherited by Ray's processes): the kernel closes it when the driver
+    dies, however it dies, and the reaper then runs :func:`reap_orphans`. It has a
+    session of its own, so a Ctrl-C to the driver's group or a reap of it spares it.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-c", f"from {__name__} import reap_at_eof; reap_at_eof()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def reap_at_eof() -> None:
+    """The reaper's body (:func:`start_reaper`): wait for the end of stdin, then reap."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while sys.stdin.buffer.read(4096):
+        pass
+    reap_orphans()
 
 
 def _orphans(record: dict[str, Any]) -> dict[int, int] | None:

@@ -2,9 +2,11 @@
 
 It runs the same phases as ``flwr``'s ``Strategy.start`` (configure_train,
 send, aggregate_train, configure_evaluate, send, aggregate_evaluate, global
-evaluation) but can start at any round (resume), waits for replies only until
-a deadline, injects failures, records which clients failed, and hands a
-:class:`RoundRecord` to callbacks after every round, so recording,
+evaluation by an ``evaluate_fn`` of Flower's shape) but can start at any round
+(resume), samples through a :class:`~fedsim.strategies.sampling.SampledGrid`
+(seeded by partition id, with stragglers and the failure threshold), waits for
+replies only until a deadline, injects failures, records which clients failed,
+and hands a :class:`RoundRecord` to callbacks after every round, so recording,
 checkpointing and auditing observe the loop instead of changing it.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -21,6 +23,9 @@ from flwr.serverapp import Grid
 from fedsim.core import protocol
 from fedsim.simulation.failures import FailurePlan, mark
 from fedsim.strategies.base import FedsimStrategy
+from fedsim.strategies.sampling import SampledGrid
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]  # Flower's evaluate_fn
 
 POLL_S = 0.02  # between pulls for replies (Flower's own send_and_receive sleeps 0.1 s)
 
@@ -54,7 +59,7 @@ class Exchange:
         self,
         grid: Grid,
         timeout: float,
-        partition_of: Mapping[int, int] | None = None,
+        partition_of: Mapping[int, int],
         failures: FailurePlan | None = None,
     ) -> None:
         self.grid = grid
@@ -64,8 +69,8 @@ class Exchange:
         self._abandoned: set[str] = set()
 
     def client_id(self, node_id: int) -> int:
-        """Partition id of ``node_id`` (the node id itself when no mapping is known)."""
-        return self.partition_of[node_id] if self.partition_of is not None else node_id
+        """Partition id of ``node_id``."""
+        return self.partition_of[node_id]
 
     def send_and_receive(
         self, server_round: int, messages: list[Message], inject: bool = False
@@ -121,8 +126,6 @@ class Exchange:
     def _check_partitions(self, replies: list[Message]) -> None:
         # The node -> partition map may come from Flower internals (see
         # fedsim.strategies.sampling); every reply names its partition, so check it.
-        if self.partition_of is None:
-            return
         for reply in replies:
             if reply.has_error() or protocol.METRICS not in reply.content.metric_records:
                 continue
@@ -140,7 +143,6 @@ def _client_rows(
     phase: str,
     replies: Iterable[Message],
     failed: Mapping[int, str],
-    id_key: str,
 ) -> list[dict[str, Any]]:
     rows = [
         {
@@ -155,12 +157,12 @@ def _client_rows(
         {
             protocol.ROUND: server_round,
             protocol.PHASE: phase,
-            id_key: client,
+            protocol.PARTITION_ID: client,
             protocol.FAILURE_KIND: kind,
         }
         for client, kind in failed.items()
     ]
-    return sorted(rows, key=lambda row: row.get(id_key, -1))
+    return sorted(rows, key=lambda row: row.get(protocol.PARTITION_ID, -1))
 
 
 def _scalars(metrics: MetricRecord | None) -> dict[str, float]:
@@ -171,40 +173,44 @@ def _scalars(metrics: MetricRecord | None) -> dict[str, float]:
 
 def run_rounds(
     strategy: FedsimStrategy,
-    grid: Grid,
+    grid: SampledGrid,
     arrays: ArrayRecord,
     rounds: Sequence[int],
     train_config: dict[str, Any],
     evaluate_config: dict[str, Any],
     callbacks: Sequence[RoundCallback] = (),
     timeout: float = 3600.0,
-    partition_of: Mapping[int, int] | None = None,
     failures: FailurePlan | None = None,
+    evaluate_fn: EvaluateFn | None = None,
 ) -> ArrayRecord:
     """Run ``rounds`` of federated training; return the final global model.
 
-    ``timeout`` bounds each phase's wait for replies; ``partition_of`` (node id
-    -> partition id) orders replies and names failed clients; ``failures``
-    injects client failures into training.
+    ``grid`` samples each phase's clients (the strategy is handed a view of
+    the sampled nodes only), tells stragglers and checks the failure threshold;
+    ``timeout`` bounds each phase's wait for replies; ``failures`` injects
+    client failures into training; ``evaluate_fn`` tests the global model
+    after each round (``None``: a strategy without one).
     """
-    exchange = Exchange(grid, timeout, partition_of, failures)
-    id_key = protocol.PARTITION_ID if partition_of is not None else "node-id"
+    exchange = Exchange(grid.grid, timeout, grid.partition_of, failures)
     for server_round in rounds:
         started = time.perf_counter()
-        train_messages = list(
-            strategy.configure_train(server_round, arrays, ConfigRecord(train_config), grid)
-        )
+        # The strategy samples from a view offering only this phase's seeded choice.
+        view: Any = grid.train_view(server_round)
+        asked = strategy.configure_train(server_round, arrays, ConfigRecord(train_config), view)
+        train_messages = grid.outgoing(server_round, view, asked, train=True)
         train_replies, failed = exchange.send_and_receive(server_round, train_messages, True)
+        grid.check_replies(server_round, len(train_messages), train_replies)
         new_arrays, train_metrics = strategy.aggregate_train(server_round, train_replies)
         if new_arrays is not None:
             arrays = new_arrays
 
-        eval_messages = list(
-            strategy.configure_evaluate(server_round, arrays, ConfigRecord(evaluate_config), grid)
-        )
+        view = grid.evaluate_view(server_round)
+        config = ConfigRecord(evaluate_config)
+        asked = strategy.configure_evaluate(server_round, arrays, config, view)
+        eval_messages = grid.outgoing(server_round, view, asked, train=False)
         eval_replies, eval_failed = exchange.send_and_receive(server_round, eval_messages)
         eval_metrics = strategy.aggregate_evaluate(server_round, eval_replies)
-        server_metrics = strategy.evaluate_global(server_round, arrays)
+        server_metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
 
         record = protocol.RoundRecord(
             round=server_round,
@@ -214,9 +220,9 @@ def run_rounds(
             failures=len(failed),
             train=_scalars(train_metrics),
             evaluate=_scalars(eval_metrics),
-            server=dict(server_metrics or {}),
-            clients=_client_rows(server_round, "train", train_replies, failed, id_key)
-            + _client_rows(server_round, "evaluate", eval_replies, eval_failed, id_key),
+            server=_scalars(server_metrics),
+            clients=_client_rows(server_round, "train", train_replies, failed)
+            + _client_rows(server_round, "evaluate", eval_replies, eval_failed),
             failed=failed,
         )
         for callback in callbacks:

@@ -28,7 +28,13 @@ from fedsim.core.training import client_config_record
 from fedsim.outputs.progress import Phases
 from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import RunRecorder, write_summary
-from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
+from fedsim.outputs.run_folder import (
+    CLIENT_STATE_DIR,
+    check_out_folder,
+    new_run_dir,
+    save_model,
+    write_scenario,
+)
 from fedsim.outputs.tensorboard import TensorBoardLog
 from fedsim.scenario.validate import Components, actor_count, ray_cpus, validate
 from fedsim.simulation.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
@@ -38,8 +44,8 @@ from fedsim.simulation.flower import actor_pool_size, quiet_flower, waiting_node
 from fedsim.simulation.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
 from fedsim.simulation.loop import RoundCallback, run_rounds
 from fedsim.simulation.resources import reserve_audit, start_ray
-from fedsim.strategies.base import EngineServices, FedsimStrategy, ServerResources
-from fedsim.strategies.sampling import PartitionSampler
+from fedsim.strategies.base import FedsimStrategy, ServerResources
+from fedsim.strategies.sampling import TAKE_EVERY_NODE, PartitionSampler, SampledGrid
 from fedsim.strategies.stragglers import StragglerPlan
 
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -87,21 +93,22 @@ def stop_ray(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         )
 
 
-def build_strategy(
-    components: Components, sampler: PartitionSampler, server: ServerResources
-) -> FedsimStrategy:
-    """The scenario's strategy, built from its parameters as a Flower user would, with the
-    engine's services (seeded sampling, held-out evaluation, failure threshold, stragglers)
-    attached."""
+def build_strategy(components: Components, server: ServerResources) -> FedsimStrategy:
+    """The scenario's strategy, built from its parameters as a Flower user would: it
+    asks every node the grid offers (fedsim samples through the grid), and gets what
+    the server gives its constructor (the seeded network; FedCG's seed)."""
+    cls = components.strategy.cls
+    options = {**TAKE_EVERY_NODE, **cls.server_arguments(server)}
+    strategy: FedsimStrategy = cls.from_params(components.strategy.params, **options)
+    return strategy
+
+
+def sampled_grid(grid: Grid, components: Components, sampler: PartitionSampler) -> SampledGrid:
+    """``grid`` with the scenario's seeded sampling, stragglers and failure threshold
+    (``failures.min-replies``, else the strategy's own)."""
     scenario = components.scenario
-    engine = EngineServices(
-        sampler,
-        server,
-        scenario.failures.min_replies,
-        StragglerPlan.from_scenario(scenario),
-    )
-    strategy: FedsimStrategy = components.strategy.cls.from_params(components.strategy.params)
-    return strategy.attach_engine(engine)
+    min_replies = scenario.failures.min_replies or components.strategy.cls.min_replies
+    return SampledGrid(grid, sampler, min_replies, StragglerPlan.from_scenario(scenario))
 
 
 def _auditor(
@@ -173,7 +180,8 @@ def serve(
     if phases:
         phases(f"{len(nodes)} clients ready; training")
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluated_per_round)
-    strategy = build_strategy(components, sampler, server)
+    strategy = build_strategy(components, server)
+    evaluate_fn = server.evaluate if components.strategy.cls.global_model else None
     observers: tuple[Auditor, ...] = ()
     if scenario.audit.enabled:
         auditor = _auditor(components, server, recorder.run_dir, console)
@@ -187,7 +195,7 @@ def serve(
     try:
         return run_rounds(
             strategy,
-            grid,
+            sampled_grid(grid, components, sampler),
             arrays,
             range(first_round, fed.rounds + 1),
             train_config=client_config_record(scenario.client),
@@ -196,8 +204,8 @@ def serve(
             # the checkpoint comes last, when the round's outputs are complete.
             callbacks=(*observers, *begin, recorder, *logs, *callbacks, checkpointer, *end),
             timeout=scenario.failures.timeout,
-            partition_of=sampler.partition_of,
             failures=FailurePlan.from_config(scenario.failures, fed.seed),
+            evaluate_fn=evaluate_fn,
         )
     finally:
         for observer in observers:
@@ -295,6 +303,8 @@ def _run(
     check_failures(scenario, components.strategy.cls.min_replies)
     fed = scenario.federation
     quiet_flower(HideInjectedFailures())
+    if resume is None:
+        check_out_folder(out, force)  # a finished or running run's folder, before Ray's start-up
     phases = Phases(console)
     phases("starting Ray")
     with session.watching():

@@ -2,18 +2,19 @@
 
 A fedsim strategy is a Flower strategy (``configure_train`` / ``aggregate_train``
 / ``configure_evaluate`` / ``aggregate_evaluate`` / ``summary``) that also
-implements :class:`EngineHooks`: the round-0 model, an optional global
-evaluation, checkpoint state, the name of its client routine and how many
-replies a round needs. The engine calls only these; wrappers
-(:class:`~fedsim.audit.wrapper.AuditedStrategy`) forward them one by one.
+implements :class:`EngineHooks`: the round-0 model, checkpoint state, the name
+of its client routine and how many replies a round needs. The engine calls only
+these; wrappers (:class:`~fedsim.audit.wrapper.AuditedStrategy`) forward them
+one by one.
 
 A strategy is built like Flower's own, from keyword hyper-parameters with the
-papers' defaults (``FedProx(proximal_mu=0.01)``), and then runs in any
-ServerApp under ``Strategy.start()``: it samples node ids from the grid and
-evaluates no global model, as Flower's strategies do. fedsim's engine attaches
-its services separately (:meth:`FedsimStrategy.attach_engine`): seeded
-sampling by partition id, the held-out test set and the round-0 model, and the
-scenario's failure threshold.
+papers' defaults (``FedProx(proximal_mu=0.01)``), and runs unchanged in any
+ServerApp under ``Strategy.start()`` and under fedsim's round loop: it never
+asks what runs it. As in Flower, sampling is the grid's business (fedsim's loop
+hands it a view of a :class:`~fedsim.strategies.sampling.SampledGrid` holding
+the round's seeded choice, and tells stragglers and checks the failure
+threshold there), and evaluation of the global model is a function handed to
+the loop (Flower's ``evaluate_fn`` shape; :meth:`ServerResources.evaluate`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import torch
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
+from fedsim.core import protocol
 from fedsim.core.data import DatasetBundle
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.seeds import model_init_seed
-from fedsim.strategies.sampling import PartitionSampler
-from fedsim.strategies.stragglers import StragglerPlan
+from fedsim.core.training import evaluate
 
 if TYPE_CHECKING:
     from fedsim.core.config import Scenario
@@ -82,20 +83,12 @@ class ServerResources:
         seed = model_init_seed(self.scenario.federation.seed)
         return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
 
-
-@dataclass(frozen=True)
-class EngineServices:
-    """What fedsim's engine lends a strategy: seeded sampling, the server's data, thresholds.
-
-    ``min_replies`` overrides the strategy's own fraction (scenario key
-    ``failures.min-replies``); ``None`` keeps the strategy's. ``stragglers``:
-    who straggles each round (scenario key ``federation.stragglers``), or ``None``.
-    """
-
-    sampler: PartitionSampler
-    server: ServerResources
-    min_replies: float | None = None
-    stragglers: StragglerPlan | None = None
+    def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        """Loss and accuracy of the global model on the held-out test set: the round
+        loop's ``evaluate_fn`` (Flower's shape) for a strategy with a global model."""
+        images, labels = self.bundle.test_images, self.bundle.test_labels
+        loss, acc = evaluate(self.model(arrays), images, labels)
+        return MetricRecord({protocol.TEST_LOSS: loss, protocol.TEST_ACC: acc})
 
 
 class EngineHooks(ABC):
@@ -112,15 +105,25 @@ class EngineHooks(ABC):
     straggler_replies: ClassVar[Literal["drop", "aggregate"] | None] = None
     """What the strategy does with a straggler's partial work (``federation.stragglers``);
     ``None``: it cannot run stragglers."""
+    global_model: ClassVar[bool] = True
+    """Whether the aggregate is a whole model the server can test on held-out data."""
 
     @classmethod
-    def from_params(cls, params: Any) -> Self:
-        """The strategy built from its validated ``Params`` (a scenario's ``[strategy]``).
+    def from_params(cls, params: Any, **arguments: Any) -> Self:
+        """The strategy built from its validated ``Params`` (a scenario's ``[strategy]``)
+        and the constructor's other keyword ``arguments``.
 
         Every ``Params`` field is a keyword argument of the constructor, so the
         scenario machinery builds strategies exactly as a Flower user does.
         """
-        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(params)})
+        fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+        return cls(**fields, **arguments)
+
+    @classmethod
+    def server_arguments(cls, server: ServerResources) -> dict[str, Any]:
+        """What a run's server gives the constructor besides ``Params`` (a Flower user
+        passes the same by hand): by default ``network``, building the seeded model."""
+        return {"network": server.model}
 
     @classmethod
     def check_scenario(cls, scenario: Scenario) -> None:
@@ -130,10 +133,6 @@ class EngineHooks(ABC):
     @abstractmethod
     def initial_arrays(self) -> ArrayRecord:
         """The round-0 global model (what the first round sends)."""
-
-    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
-        """Metrics of the global model on the server's held-out data, or ``None``."""
-        return None
 
     def state_for_checkpoint(self) -> dict[str, Any]:
         """Strategy state a resumed run needs besides the global model.
@@ -151,19 +150,3 @@ class EngineHooks(ABC):
 
 class FedsimStrategy(Strategy, EngineHooks):
     """A Flower ``Strategy`` with the engine's hooks: what the round loop drives."""
-
-    engine: EngineServices | None = None
-
-    def attach_engine(self, engine: EngineServices) -> Self:
-        """Use the engine's sampling, held-out evaluation and thresholds; returns ``self``."""
-        self.engine = engine
-        return self
-
-    def require_engine(self, what: str) -> EngineServices:
-        """The attached services, or a clear error naming what needed them."""
-        if self.engine is None:
-            raise RuntimeError(
-                f"{type(self).__name__}: {what} needs fedsim's engine (attach_engine); "
-                "under Flower's Strategy.start() pass initial_arrays yourself"
-            )
-        return self.engine

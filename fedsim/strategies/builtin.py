@@ -125,7 +125,7 @@ def flower_strategy(name: str, flower_cls: type) -> type[FedAvg]:
             "state_for_checkpoint": state_for_checkpoint,
             "restore_checkpoint_state": restore_checkpoint_state,
             "__module__": __name__,
-            "__doc__": f"Flower's ``{flower_cls.__name__}`` with fedsim's engine services.",
+            "__doc__": f"Flower's ``{flower_cls.__name__}`` with fedsim's metrics and hooks.",
             "Params": params,
             "client_routine": "fedavg",
         },

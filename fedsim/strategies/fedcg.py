@@ -23,9 +23,11 @@ stripped) and ``load_state_dict``.
   weight), ``train-loss``, ``gan-d-loss``, ``gan-g-loss``, ``partition-id``.
 - Never in a message: ``extractor.*`` and ``discriminator.*``.
 
-Outside fedsim's engine (any Flower ServerApp, ``Strategy.start()``), pass
-``network=`` so the server can rebuild the clients' pairs, and the initial
-arrays (``classifier.*`` and ``generator.*`` of such a network) to ``start``.
+Pass ``network=`` so the server can rebuild the clients' pairs, and ``seed=``
+(the distillation's streams derive from it); fedsim's runner passes the
+scenario's (:meth:`FedCG.server_arguments`), a Flower ServerApp its own, with
+the initial arrays (``classifier.*`` and ``generator.*`` of such a network,
+:meth:`initial_arrays`) to ``start``.
 
 Round metrics added by the server (:mod:`fedsim.core.protocol`'s ``DISTILL_*``):
 ``distill-kl-before`` (teacher-student KL of the weighted average on 256
@@ -48,7 +50,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -60,6 +62,7 @@ from fedsim.core.gan import GanSplitNet, build_gan_split_net, feature_shape
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
 from fedsim.core.training import load_optimizer_tensors, optimizer_tensors
+from fedsim.strategies.base import ServerResources
 from fedsim.strategies.distillation import (
     DistillOutcome,
     Teacher,
@@ -162,11 +165,11 @@ class FedCG(FedSplit):
         seed: int = 0,
         **flower_options: Any,
     ) -> None:
-        """FedCG's hyper-parameters (:class:`FedCGParams`), then, outside fedsim's engine,
-        ``network`` (builds an untrained classifier + generator pair of the clients'
-        architecture) and ``seed`` (of the distillation's streams); ``flower_options``
-        are Flower's ``FedAvg`` arguments."""
-        super().__init__(**flower_options)
+        """FedCG's hyper-parameters (:class:`FedCGParams`), then ``network`` (builds an
+        untrained classifier + generator pair of the clients' architecture) and ``seed``
+        (of the distillation's streams); ``flower_options`` are Flower's ``FedAvg``
+        arguments."""
+        super().__init__(network=network, **flower_options)
         self.params = FedCGParams(
             distill_iterations,
             distill_batch_size,
@@ -176,8 +179,7 @@ class FedCG(FedSplit):
             gan_steps,
             protocol,
         )
-        self.network_factory = network
-        self.own_seed = seed
+        self.seed = seed
         # protocol "paper": the server Adam's state, carried from round to round.
         self.distill_state: dict[str, torch.Tensor] = {}
 
@@ -190,28 +192,21 @@ class FedCG(FedSplit):
         except ValueError as err:
             raise ScenarioError("model.name", scenario.model.name, str(err)) from None
 
+    @classmethod
+    def server_arguments(cls, server: ServerResources) -> dict[str, Any]:
+        """The seeded classifier + generator pair on the server's device, and the
+        federation's seed."""
+        seed = server.scenario.federation.seed
+
+        def network() -> GanSplitNet:
+            spec, model = server.input_spec, server.scenario.model
+            return build_gan_split_net(model, spec, model_init_seed(seed)).to(server.device)
+
+        return {"network": network, "seed": seed}
+
     def network(self, arrays: ArrayRecord | None = None) -> GanSplitNet:
         """A classifier + generator pair on the server, loaded with ``arrays`` (may be partial)."""
-        if self.engine is not None:
-            server = self.engine.server
-            seed = model_init_seed(server.scenario.federation.seed)
-            net = build_gan_split_net(server.scenario.model, server.input_spec, seed)
-            device = server.device
-        elif self.network_factory is not None:
-            net, device = self.network_factory(), torch.device("cpu")
-        else:
-            raise RuntimeError(
-                "FedCG needs network=... (e.g. fedsim.core.gan.build_gan_split_net) "
-                "to rebuild the clients' pairs outside fedsim's engine"
-            )
-        if arrays is not None:
-            net.load_state_dict(arrays.to_torch_state_dict(), strict=False)
-        return net.to(device)
-
-    @property
-    def seed(self) -> int:
-        """The federation seed the distillation's streams derive from."""
-        return self.engine.server.scenario.federation.seed if self.engine else self.own_seed
+        return cast(GanSplitNet, super().network(arrays))
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

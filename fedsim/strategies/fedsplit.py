@@ -6,7 +6,7 @@ each client's extractor stays on the client (:mod:`fedsim.clients.fedsplit`).
 Evaluation is personalised (each client's own extractor with the shared
 classifier on its local test split: the ``client-eval-*`` columns and the
 per-client rows of ``clients.csv``). There is no global model to test on the
-held-out set, so :meth:`FedSplit.evaluate_global` reports nothing.
+held-out set (``global_model = False``).
 
 Message contract: FedAvg's (:class:`fedsim.strategies.fedavg.FedAvg`), with
 ``arrays`` holding the shared parameters only (``classifier.*``,
@@ -19,10 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from flwr.app import ArrayRecord
-
 from fedsim.core import protocol
-from fedsim.core.models import SplitNet
 from fedsim.strategies.fedavg import FedAvg
 from fedsim.strategies.registry import STRATEGIES
 
@@ -39,17 +36,4 @@ class FedSplit(FedAvg):
     Params: ClassVar[type] = FedSplitParams
     client_routine: ClassVar[str] = "fedsplit"
     shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDSPLIT_SHARED
-
-    def network(self, arrays: ArrayRecord | None = None) -> SplitNet:
-        """The seeded network on the server, loaded with ``arrays`` (may be partial)."""
-        return self.require_engine("the server's network").server.model(arrays)
-
-    def initial_arrays(self) -> ArrayRecord:
-        """The round-0 shared parameters of the seeded network."""
-        return ArrayRecord(
-            protocol.keep_prefixed(self.network().state_dict(), self.shared_prefixes)
-        )
-
-    def evaluate_global(self, server_round: int, arrays: ArrayRecord) -> dict[str, float] | None:
-        """None: without a client's private extractor there is no model to test."""
-        return None
+    global_model: ClassVar[bool] = False  # without a client's private extractor, nothing to test

@@ -91,7 +91,9 @@ def _read_frame(path: Path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:  # a sweep without finished runs
         return pd.DataFrame()
     if "attack" in frame:  # unaudited runs have an empty attack, which pandas reads as nan
-        frame["attack"] = frame["attack"].fillna("")
+        # As strings first: a column of nan only is float, and filling a float column
+        # with "" is an error in a coming pandas (Pandas4Warning now).
+        frame["attack"] = frame["attack"].astype(object).fillna("")
     return frame
 
 

@@ -38,7 +38,7 @@ from fedsim.core.config import Scenario, ScenarioError, scenario_to_dict
 from fedsim.outputs.run_folder import CHECKPOINT_DIR, METRICS_FILE, SCENARIO_FILE, unlock_run_dir
 from fedsim.simulation.checkpoint import checkpointed_round
 from fedsim.simulation.children import ChildRuns
-from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RaySession, RunInterrupted, reap_orphans
+from fedsim.simulation.lifecycle import STOP_STATUSES, RaySession, RunInterrupted, reap_orphans
 from fedsim.simulation.resume import open_resume
 from fedsim.sweeps.report import write_outputs
 from fedsim.sweeps.spec import CompareSpec, Configuration, check_machines
@@ -133,7 +133,7 @@ class SubprocessRuns:
             command += [str(scenario_file), "--out", str(run_dir)]
         with run_dir.with_suffix(".log").open("a" if resume else "w") as log:
             status = self.children.run(command, log)
-        if status in (INTERRUPTED_STATUS, -signal.SIGTERM, -signal.SIGINT):
+        if status in (*STOP_STATUSES, -signal.SIGTERM, -signal.SIGINT):
             raise RunInterrupted("signal", run_dir, checkpointed_round(run_dir) or 0)
         if status:
             raise subprocess.CalledProcessError(status, command)
