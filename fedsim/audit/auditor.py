@@ -100,6 +100,7 @@ class _Job:
     round: int
     component: Resolved  # an attack, or a leak analysis
     victims: Sequence[_Victim | _Analysed]
+    counterfactual: bool = False  # a probe in an update audit (audit.probe-rounds)
     submitted: float = 0.0
 
     @property
@@ -200,7 +201,7 @@ class Auditor:
             self._submit_attacks(server_round, self.attacks, victims)
         if server_round in self.cfg.probe_rounds and self.cfg.threat_model != "probe":
             probed = [self._victim(intercepted, intercepted.reply(p), "probe") for p in chosen]
-            self._submit_attacks(server_round, self.probe_attacks, probed)
+            self._submit_attacks(server_round, self.probe_attacks, probed, counterfactual=True)
 
     def _victim(
         self, intercepted: InterceptedRound, reply: InterceptedReply, threat: ThreatModel
@@ -268,21 +269,28 @@ class Auditor:
         )
 
     def _submit_attacks(
-        self, server_round: int, attacks: Sequence[Resolved], victims: list[_Victim]
+        self,
+        server_round: int,
+        attacks: Sequence[Resolved],
+        victims: list[_Victim],
+        counterfactual: bool = False,
     ) -> None:
         tasks = min(len(victims), self.cfg.workers)
         for attack in attacks:
             seen = [_as_seen_by(attack, victim) for victim in victims]
             for first in range(tasks):
-                self._submit(_Job(server_round, attack, seen[first::tasks]))
+                self._submit(_Job(server_round, attack, seen[first::tasks], counterfactual))
 
-    def _label(self, attack: Resolved) -> str:
-        """The attack's name, numbered by its place in ``audit.attacks`` when the
-        name occurs more than once (e.g. one attack under several threat models)."""
+    def _label(self, job: _Job) -> str:
+        """The job's name in the records: its attack's, numbered by its place in
+        ``audit.attacks`` when listed more than once (e.g. under several BatchNorm threat
+        models), ``-probe`` after it for the counterfactual probe."""
+        attack = job.component
         names = [a.name for a in self.attacks]
-        if attack not in self.attacks or names.count(attack.name) == 1:
-            return attack.name
-        return f"{attack.name}-{self.attacks.index(attack) + 1}"
+        label = attack.name
+        if attack in self.attacks and names.count(attack.name) > 1:
+            label = f"{attack.name}-{self.attacks.index(attack) + 1}"
+        return f"{label}-probe" if job.counterfactual else label
 
     def _seed(self, server_round: int) -> int:
         return derive_seed(SeedStream.AUDIT_ATTACK, self.cfg.seed, server_round)
@@ -317,7 +325,7 @@ class Auditor:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
         if self._board is None:
             self._board = start_board()
-        key = f"audit round {job.round}: {self._label(job.component)} on {job.clients}"
+        key = f"audit round {job.round}: {self._label(job)} on {job.clients}"
         self._progress_lines[key] = AttackProgressLines(self.console, key)
         ref = remote_attack.options(**options).remote(
             job.component,
@@ -394,9 +402,14 @@ class Auditor:
                 continue
             share = DeviceUse(use.device, use.gpu_seconds / len(results), use.peak_gpu_mb)
             run = TaskRun(self._seed(job.round), share, wall)
-            label = self._label(job.component)
             self.log.reconstruction(
-                job.component, label, victim.observation, victim.truth, result, run
+                job.component,
+                self._label(job),
+                victim.observation,
+                victim.truth,
+                result,
+                run,
+                job.counterfactual,
             )
 
     def _wait(self, server_round: int | None) -> None:
@@ -418,7 +431,7 @@ class Auditor:
                 continue
             last_line = time.perf_counter()
             names = ", ".join(
-                f"{self._label(j.component)} on {j.clients} (round {j.round})" for j in still[:4]
+                f"{self._label(j)} on {j.clients} (round {j.round})" for j in still[:4]
             )
             self.console.print(
                 f"  audit: waiting for {len(still)} task(s): "
@@ -435,16 +448,6 @@ class Auditor:
             return {}
         self._wait(record.round)
         return self.log.round_verdict(record.round)
-
-    # -- checkpointing (fedsim.simulation.checkpoint.Checkpointable) ----------------------
-
-    checkpoint_key = AuditLog.checkpoint_key
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.log.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.log.load_state_dict(state)
 
     def finish(self) -> None:
         """Join every outstanding task (called before the run ends)."""

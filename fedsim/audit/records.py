@@ -15,6 +15,7 @@ a function of those rows (:mod:`fedsim.outputs.verdict`).
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,12 @@ class AuditLog:
         truth: GroundTruth | None,
         rec: Reconstruction,
         run: TaskRun,
+        counterfactual: bool = False,
     ) -> None:
-        """Score and draw one attack's reconstruction of one victim."""
+        """Score and draw one attack's reconstruction of one victim (``counterfactual``: of
+        the probe in an ``update`` audit)."""
         record, score = score_attack(attack, label, observation, truth, rec, run)
+        record = replace(record, counterfactual=counterfactual)
         image = self._image(observation.round, observation.client_id, label)
         if truth is not None and score is not None:
             pairs = scored_pairs(truth.images, truth.labels, rec.images, rec.labels, score)

@@ -114,11 +114,17 @@ AUDIT_MEMBERSHIP_TPR = "audit-membership-tpr-1pct"
 AUDIT_REPRESENTATIVES_SSIM = "audit-representatives-ssim"
 AUDIT_REPRESENTATIVES_COSINE = "audit-representatives-cosine"
 AUDIT_LEAK_CLIENTS = "audit-leak-clients"
+# The counterfactual probe's reconstruction (audit.probe-rounds): its median PSNR over
+# the round's victims with its interval, kept apart from the verdict on what was received.
+AUDIT_COUNTERFACTUAL_PSNR = "audit-counterfactual-psnr"
+AUDIT_COUNTERFACTUAL_PSNR_LOW = "audit-counterfactual-psnr-low"
+AUDIT_COUNTERFACTUAL_PSNR_HIGH = "audit-counterfactual-psnr-high"
 AUDIT_LEAK_COLUMNS = (
     *(AUDIT_LABEL_TV, AUDIT_LABEL_TV_LOW, AUDIT_LABEL_TV_HIGH, AUDIT_LABEL_TV_UNIFORM),
     *(AUDIT_MEMBERSHIP_AUC, AUDIT_MEMBERSHIP_AUC_LOW, AUDIT_MEMBERSHIP_AUC_HIGH),
     *(AUDIT_MEMBERSHIP_TPR, AUDIT_REPRESENTATIVES_SSIM, AUDIT_REPRESENTATIVES_COSINE),
     AUDIT_LEAK_CLIENTS,
+    *(AUDIT_COUNTERFACTUAL_PSNR, AUDIT_COUNTERFACTUAL_PSNR_LOW, AUDIT_COUNTERFACTUAL_PSNR_HIGH),
 )
 AUDIT_COLUMNS = (
     *(AUDIT_PSNR, AUDIT_PSNR_LOW, AUDIT_PSNR_HIGH, AUDIT_SSIM, AUDIT_LABEL_ACC),
@@ -220,6 +226,9 @@ class AuditRecord:
     device: str = "cpu"  # where the attack ran ("cpu" or the GPU's name)
     gpu_seconds: float = 0.0  # its share of the task's time holding a GPU
     peak_gpu_mb: float = 0.0  # the task's peak GPU memory (MiB)
+    # A probe attacked in an update audit (audit.probe-rounds): what one batch's gradient
+    # would give, which the server never receives. Kept out of the round's verdict.
+    counterfactual: bool = False
 
     def to_row(self) -> dict[str, Any]:
         """The CSV row, kebab-case keys in field order."""
@@ -276,6 +285,11 @@ class VerdictRecord:
     representatives_ssim: float = float("nan")
     representatives_cosine: float = float("nan")
     representatives_analysis: str = ""
+    # The counterfactual probe's reconstruction (audit.probe-rounds), never in the above:
+    # its best PSNR and SSIM and the attack that reached the PSNR.
+    counterfactual_psnr: float = float("nan")
+    counterfactual_ssim: float = float("nan")
+    counterfactual_attack: str = ""
 
     def to_row(self) -> dict[str, Any]:
         """The CSV row, kebab-case keys in field order."""

@@ -145,7 +145,11 @@ def reconstruction_tables(run_dir: Path, audit: pd.DataFrame) -> list[dict[str, 
         for client, group in here.groupby("client", sort=True):
             truth = folder / truth_image_name(int(server_round), int(client))
             psnr = group.set_index("attack")["psnr"].astype(float)
-            best = psnr.idxmax() if psnr.notna().any() else None
+            # The verdict's cell: the best on what the server received, else the probe's.
+            counterfactual = group.get("counterfactual", pd.Series(False, index=group.index))
+            received = psnr[~counterfactual.astype(bool).to_numpy()]
+            candidates = received if received.notna().any() else psnr
+            best = candidates.idxmax() if candidates.notna().any() else None
             cells = []
             for attack in attacks:
                 image = folder / audit_image_name(int(server_round), int(client), f"{attack}-only")
@@ -157,10 +161,9 @@ def reconstruction_tables(run_dir: Path, audit: pd.DataFrame) -> list[dict[str, 
                         "best": attack == best,
                     }
                 )
-            threat = str(group["threat-model"].iloc[0]) if "threat-model" in group else "update"
             rows.append(
                 {
-                    "client": f"{client} ({threat})",
+                    "client": str(client),
                     "truth": data_uri(truth.read_bytes()) if truth.is_file() else "",
                     "cells": cells,
                 }

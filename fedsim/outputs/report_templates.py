@@ -96,7 +96,7 @@ TEMPLATES: dict[str, str] = {
 
 <section id="reconstructions">
 <h2>Reconstructions</h2>
-<p>Per round, a row per victim: its true batch, then each attack's matched reconstruction with its PSNR; the verdict's cell (the strongest attack) is framed. Rows marked <em>probe</em> are the counterfactual: one batch's gradient at the sent model, which the server of an update audit never receives. Every image with its labels and scores is in the run folder's <code>audit/</code>.</p>
+<p>Per round, a row per victim: its true batch, then each attack's matched reconstruction with its PSNR; the verdict's cell (the strongest attack on what the server received) is framed. Attacks named <em>-probe</em> are the counterfactual: one batch's gradient at the sent model, which the server of an update audit never receives. Every image with its labels and scores is in the run folder's <code>audit/</code>.</p>
 {% for round in reconstruction_tables %}
 <h3>Round {{ round.number }}</h3>
 <table class="recon"><thead><tr><th class="text">client</th><th>truth</th>{% for attack in round.attacks %}<th>{{ attack }}</th>{% endfor %}</tr></thead>

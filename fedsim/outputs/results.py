@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import pandas as pd
 from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.core import protocol
 from fedsim.core.config import Scenario
+from fedsim.core.metrics import median_interval
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import (
     CLIENTS_FILE,
@@ -38,7 +38,7 @@ from fedsim.outputs.tables import (
     leak_verdict_table,
     round_verdict_table,
 )
-from fedsim.outputs.verdict import victim_verdicts
+from fedsim.outputs.verdict import strongest_attacks, victim_verdicts
 
 
 def _split_of(scenario: Scenario) -> str:
@@ -219,24 +219,28 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
         ]
     if audit.empty:
         return lines
-    verdict = round_verdict_table(verdicts[verdicts["attacks"] > 0], seed, threshold)
+    attacked = verdicts[verdicts["attacks"] > 0]
+    verdict = round_verdict_table(attacked, seed, threshold)
     lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.table.rows)
-    threat = audit.get("threat-model", pd.Series("update", index=audit.index))
-    probed = sorted(set(audit.loc[threat == "probe", "round"]))
-    lines += [
-        "Reconstruction, per round: for each victim the best PSNR any attack reached, then "
-        "the median over the round's victims with a 95 % bootstrap interval, and the share of "
-        f"victims at or above {threshold:g} dB with a Wilson interval. PSNR in dB (peak 1 on "
-        "[0, 1] pixels).",
-        "",
-        verdict.table.markdown(),
-        "",
-    ]
-    if probed and (not leaks.empty or (threat != "probe").any()):
+    if not attacked.empty:
         lines += [
-            f"Round(s) {', '.join(map(str, probed))}: the reconstructions are of the *probe*, a "
-            "counterfactual (what one image's gradient at the sent model would give); the "
-            "server never receives it.",
+            "Reconstruction, per round: for each victim the best PSNR any attack reached, "
+            "then the median over the round's victims with a 95 % bootstrap interval, and the "
+            f"share of victims at or above {threshold:g} dB with a Wilson interval. PSNR in dB "
+            "(peak 1 on [0, 1] pixels).",
+            "",
+            verdict.table.markdown(),
+            "",
+        ]
+    probed = verdicts[verdicts["counterfactual-psnr"].notna()]
+    for server_round, rows in probed.groupby("round"):
+        median = median_interval(rows["counterfactual-psnr"].to_numpy(dtype=float), seed)
+        lines += [
+            f"Round {server_round}, the *probe* as a counterfactual (one image's gradient at the "
+            "sent model, which the server never receives; attacks named `-probe`): median "
+            f"PSNR {median.value:.2f} dB over {len(rows)} victims (95 % interval "
+            f"{median.low:.1f} to {median.high:.1f}), strongest "
+            f"{strongest_attacks(rows['counterfactual-attack'])}.",
             "",
         ]
     if lower:

@@ -58,6 +58,8 @@ def victim_verdict(group: pd.DataFrame, leaks: pd.DataFrame | None = None) -> Ve
     client and round."""
     leaks = leaks if leaks is not None else pd.DataFrame()
     first = group.iloc[0] if len(group) else leaks.iloc[0]
+    counterfactual = _column(group, "counterfactual", bool, False)
+    probe, group = group[counterfactual], group[~counterfactual]
     attacks = group[_col("attack")].to_numpy() if len(group) else np.array([], dtype=object)
     # Rows written before convergence and the attacker's residual were recorded (a run
     # resumed from an older checkpoint) count as not converged, with no residual.
@@ -93,7 +95,22 @@ def victim_verdict(group: pd.DataFrame, leaks: pd.DataFrame | None = None) -> Ve
         pick_ssim=float(pick_ssim),
         pick_residual=pick_residual,
         **_leak_verdict(leaks),
+        **_counterfactual_verdict(probe),
     )
+
+
+def _counterfactual_verdict(probe: pd.DataFrame) -> dict[str, Any]:
+    """The counterfactual probe's best reconstruction of this victim, kept apart."""
+    if probe.empty:
+        return {}
+    attacks = probe[_col("attack")].to_numpy()
+    psnr, attack = _best(_column(probe, "psnr", float, math.nan), attacks)
+    ssim, _ = _best(_column(probe, "ssim", float, math.nan), attacks)
+    return {
+        "counterfactual_psnr": psnr,
+        "counterfactual_ssim": ssim,
+        "counterfactual_attack": attack,
+    }
 
 
 def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
@@ -209,6 +226,18 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_REPRESENTATIVES_SSIM: _median(rows["representatives-ssim"]),
         protocol.AUDIT_REPRESENTATIVES_COSINE: _median(rows["representatives-cosine"]),
         protocol.AUDIT_LEAK_CLIENTS: float(analysed.sum()),
+        **_counterfactual_round(rows, seed),
+    }
+
+
+def _counterfactual_round(rows: pd.DataFrame, seed: int) -> dict[str, float]:
+    if "counterfactual-psnr" not in rows or rows["counterfactual-psnr"].isna().all():
+        return {}
+    median = median_interval(rows["counterfactual-psnr"].astype(float).to_numpy(), seed)
+    return {
+        protocol.AUDIT_COUNTERFACTUAL_PSNR: median.value,
+        protocol.AUDIT_COUNTERFACTUAL_PSNR_LOW: median.low,
+        protocol.AUDIT_COUNTERFACTUAL_PSNR_HIGH: median.high,
     }
 
 
@@ -258,6 +287,13 @@ def verdict_line(server_round: int, verdict: dict[str, float], verdicts: pd.Data
             f"victim{'s' if victims != 1 else ''}; {bound}), strongest: {strongest}"
         )
     parts += leak_verdict_parts(verdict)
+    probe = verdict.get(protocol.AUDIT_COUNTERFACTUAL_PSNR, math.nan)
+    if not math.isnan(probe):
+        low = verdict.get(protocol.AUDIT_COUNTERFACTUAL_PSNR_LOW, math.nan)
+        high = verdict.get(protocol.AUDIT_COUNTERFACTUAL_PSNR_HIGH, math.nan)
+        parts.append(
+            f"counterfactual probe (never received): PSNR {_with_interval(probe, low, high, 1)} dB"
+        )
     return f"  audit round {server_round} verdict: " + ("; ".join(parts) or "nothing audited")
 
 

@@ -95,16 +95,35 @@ class AuditPlan:
 
 
 def resolve_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditPlan:
-    """The scenario's audit, resolved (:func:`resolve_attacks`, :func:`resolve_leaks`)."""
-    probe_attacks: tuple[Resolved, ...] = ()
-    if scenario.audit.probe_rounds and scenario.audit.threat_model != "probe":
-        probed = dataclasses.replace(
-            scenario, audit=dataclasses.replace(scenario.audit, threat_model="probe")
+    """The scenario's audit, resolved (:func:`resolve_attacks`, :func:`resolve_leaks`).
+
+    With ``probe-rounds`` in an ``update`` audit, a listed attack runs under each threat
+    model it applies to (``analytic-fc`` on the probe only, say) and is refused only
+    where it applies to neither."""
+    audit = scenario.audit
+    leaks = resolve_leaks(scenario, uploads)
+    if not audit.probe_rounds or audit.threat_model == "probe":
+        return AuditPlan(resolve_attacks(scenario, uploads), leaks)
+    probed = dataclasses.replace(scenario, audit=dataclasses.replace(audit, threat_model="probe"))
+    if audit.attacks == AUTO:
+        return AuditPlan(
+            resolve_attacks(scenario, uploads), leaks, resolve_attacks(probed, uploads)
         )
-        probe_attacks = resolve_attacks(probed, uploads)
-    return AuditPlan(
-        resolve_attacks(scenario, uploads), resolve_leaks(scenario, uploads), probe_attacks
-    )
+    settings = (AttackSetting.of(scenario, uploads), AttackSetting.of(probed, uploads))
+    runs: tuple[list[Resolved], list[Resolved]] = ([], [])
+    for i, attack in enumerate(audit.attacks):
+        key = f"audit.attacks[{i}]"
+        resolved = resolve(ATTACKS, attack, key)
+        refusals = []
+        for setting, chosen in zip(settings, runs, strict=True):
+            try:
+                resolved.cls.check_setting(setting, key)
+                chosen.append(resolved)
+            except ScenarioError as err:
+                refusals.append(err)
+        if len(refusals) == len(settings):
+            raise refusals[0]
+    return AuditPlan(tuple(runs[0]), leaks, tuple(runs[1]))
 
 
 def resolve_attacks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:

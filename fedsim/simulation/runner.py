@@ -187,7 +187,9 @@ def serve(
         auditor = _auditor(components, server, recorder.run_dir, console)
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
     logs = (TensorBoardLog(recorder),) if scenario.log.tensorboard else ()
-    stateful = [c for c in (*observers, recorder) if isinstance(c, Checkpointable)]
+    # The audit's findings are checkpointed with the recorder's rows (its AuditLog).
+    findings = (*(o.log for o in observers), recorder)
+    stateful = [c for c in findings if isinstance(c, Checkpointable)]
     checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, stateful)
     arrays = _starting_arrays(strategy, stateful, resume)
     first_round = resume.round + 1 if resume is not None else 1
