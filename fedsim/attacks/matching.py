@@ -503,7 +503,9 @@ class GradientMatchingAttack(Attack):
         optimizer = self._optimizer(z, (lower, upper))
         objective = self._objective(group, restarts)
         rule, budget = p.convergence, p.step_count
-        tracker = ConvergenceTracker(len(z), rule.steps_in_window(budget), rule.rtol, z.device)
+        tracker = ConvergenceTracker(
+            len(z), rule.steps_in_window(budget), rule.rtol, z.device, rule.failure_ratio
+        )
         trace = []
         for step in range(budget):
             trace.append(optimizer.step(objective))
@@ -524,7 +526,8 @@ class GradientMatchingAttack(Attack):
                     break
         optimizer.evaluate(objective, ~optimizer.diverged)  # the distance where each row ended
         diverged = optimizer.diverged | tracker.diverged(optimizer.loss)
-        converged = (tracker.stalled() & ~diverged).view(victims, -1)
+        converged_rows, reasons = tracker.outcome(diverged)
+        converged = converged_rows.view(victims, -1)
         final = torch.where(optimizer.diverged, float("inf"), optimizer.loss).view(victims, -1)
         # Diverged restarts are passed over; a victim whose every restart diverged keeps
         # the lowest finite one (flagged: not converged, every restart counted diverged).
@@ -552,6 +555,7 @@ class GradientMatchingAttack(Attack):
                         "chosen_restart": best,
                         "diverged_restarts": int(diverged.view(victims, -1)[v].sum()),
                         "converged_restarts": int(converged[v].sum()),
+                        "stop_reason": reasons[row],
                         "evaluations": optimizer.evaluations.view(victims, -1)[v].tolist(),
                         "labels": "joint"
                         if group.labels is None
