@@ -189,6 +189,32 @@ def test_an_objective_that_ends_above_its_start_is_divergence() -> None:
     assert tracker.diverged(torch.tensor([0.5, 4.0])).tolist() == [False, True]
 
 
+def test_a_stall_at_a_failure_is_not_convergence() -> None:
+    # The demo's SAPAG row: 14,236 then 10,164 and no further move (row 0), beside
+    # a restart that fell by orders of magnitude before it stalled (row 1).
+    tracker = ConvergenceTracker(2, window=3, rtol=1e-3, device=torch.device("cpu"))
+    for value in ([14236.0, 14236.0], [10164.0, 950.0], *[[10164.0, 12.5]] * 11):
+        tracker.update(torch.tensor(value))
+
+    converged, reasons = tracker.outcome(torch.tensor([False, False]))
+
+    assert tracker.stalled().tolist() == [True, True]  # both stopped moving...
+    assert converged.tolist() == [False, True]  # ...only row 1 converged
+    assert reasons == ["stalled-at-failure", "converged"]
+
+
+def test_a_real_attack_whose_optimiser_cannot_move_is_recorded_as_a_failed_stall() -> None:
+    # L-BFGS at lr 1e-12 makes no progress on a real digit: its objective never
+    # leaves the start, so it "stalls" at once; that is a failure, not convergence.
+    observation = _lenet5_probe().observation
+    stuck = DLG(DLGParams(steps=20, restarts=1, lr=1e-12)).reconstruct(observation)
+    moving = DLG(DLGParams(steps=200, restarts=1)).reconstruct(observation)
+
+    assert stuck.details["stop_reason"] == "stalled-at-failure" and not stuck.converged
+    assert stuck.steps_taken < 20  # it stopped early, as a converged row would
+    assert moving.details["stop_reason"] == "converged" and moving.converged
+
+
 def test_a_stall_ends_a_step_decayed_phase_before_its_milestone() -> None:
     optimizer = BatchedAdamW(torch.zeros(1, 2), lr=0.1, signed=True, milestones=[50, 80])
 

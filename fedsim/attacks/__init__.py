@@ -15,6 +15,7 @@ from fedsim.attacks.aligned import AlignedDLG
 from fedsim.attacks.analytic import AnalyticFC
 from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
+from fedsim.attacks.fedavg_leakage import FedAvgLeakage
 from fedsim.attacks.grnn import GRNN
 from fedsim.attacks.ig import InvertingGradients
 from fedsim.attacks.registry import ATTACKS, create_attack, resolve_attack
@@ -32,6 +33,7 @@ __all__ = [
     "AlignedDLG",
     "AnalyticFC",
     "Attack",
+    "FedAvgLeakage",
     "InvertingGradients",
     "Observation",
     "Reconstruction",

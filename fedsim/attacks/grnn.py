@@ -181,6 +181,7 @@ class _Run:
     trace: list[float]
     converged: bool
     diverged: bool  # its loss became non-finite or ended above where it started
+    stop_reason: str  # fedsim.attacks.convergence.ConvergenceTracker.outcome's
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,7 @@ class GRNN(Attack):
                 "chosen_restart": best,
                 "diverged_restarts": sum(run.diverged for run in runs),
                 "converged_restarts": sum(run.converged for run in runs),
+                "stop_reason": chosen.stop_reason,
             },
         )
 
@@ -339,7 +341,9 @@ class GRNN(Attack):
         generator, z = generator.to(self.device), z.to(self.device)
         optimizer = torch.optim.RMSprop(generator.parameters(), lr=p.lr, momentum=p.momentum)
         rule = p.convergence
-        tracker = ConvergenceTracker(1, rule.steps_in_window(p.steps), rule.rtol, self.device)
+        tracker = ConvergenceTracker(
+            1, rule.steps_in_window(p.steps), rule.rtol, self.device, rule.failure_ratio
+        )
         trace = []
         for step in range(p.steps):
             images, soft_labels = generator(z)
@@ -361,11 +365,13 @@ class GRNN(Attack):
         distance = float(objective.gradient_distance(images, labels, create_graph=False))
         losses = torch.stack(trace)
         diverged = bool(tracker.diverged(losses[-1:])[0]) or not math.isfinite(distance)
+        converged, reasons = tracker.outcome(torch.tensor([diverged], device=self.device))
         return _Run(
             images=images,
             labels=labels,
             distance=distance if math.isfinite(distance) else math.inf,
             trace=losses.tolist(),
-            converged=bool(tracker.stalled()[0]) and not diverged,
+            converged=bool(converged[0]),
             diverged=diverged,
+            stop_reason=reasons[0],
         )

@@ -49,7 +49,8 @@ from fedsim.attacks.gradients import (
 )
 from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, require_inferred
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
-from fedsim.core.config import require
+from fedsim.attacks.replay import Batch, local_batches, replay, replay_refusal
+from fedsim.core.config import ClientConfig, require
 from fedsim.core.models import SplitNet, recording_batch_statistics
 from fedsim.core.seeds import SeedStream, derive_seed
 
@@ -172,11 +173,30 @@ class LocalSchedule:
     steps: int  # optimiser steps the client took
     batch_size: int
     proximal_mu: float = 0.0  # FedProx's (mu/2)||w - w_global||^2, sent in the config
+    client: ClientConfig = field(default_factory=ClientConfig)  # optimiser and epochs
+    num_examples: int = 1
 
     @classmethod
     def of(cls, observation: Observation) -> LocalSchedule:
         cfg = observation.train_config
-        return cls(cfg.lr, local_steps_taken(observation), cfg.batch_size, observation.proximal_mu)
+        return cls(
+            cfg.lr,
+            local_steps_taken(observation),
+            cfg.batch_size,
+            observation.proximal_mu,
+            cfg,
+            observation.num_examples,
+        )
+
+    @property
+    def batches(self) -> list[Batch]:
+        """Each local step's minibatch (epoch and slots; the order within is unknown)."""
+        return local_batches(self.num_examples, self.client)
+
+    @property
+    def epochs(self) -> int:
+        """Epochs the local training began (a shuffle each)."""
+        return self.batches[-1].epoch + 1
 
 
 @dataclass(frozen=True)
@@ -278,6 +298,17 @@ class GradientMatchingAttack(Attack):
         """Terms added to the gradient distance (priors, alignment); ``None`` adds nothing."""
         return None
 
+    def dummy_copies(self, observation: Observation) -> int:
+        """Dummy copies of the victim's examples optimised (1; one per epoch for
+        ``fedavg-leakage``, whose copies :meth:`merge_copies` joins at the end)."""
+        return 1
+
+    def merge_copies(
+        self, x: torch.Tensor, label_scores: torch.Tensor, examples: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``examples`` images and label scores reported from the optimised copies."""
+        return x, label_scores
+
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:
         """Recover the victim's batch from ``observation`` alone."""
         return self.reconstruct_many([observation], seed)[0]
@@ -353,7 +384,8 @@ class GradientMatchingAttack(Attack):
             constants.append(self.distance_constants(targets[-1], depths))
             found = infer_labels(obs, self.device, self.params.batch_labels) if inferring else None
             if found is not None:
-                labels.append(F.one_hot(found, spec.num_classes).float())
+                onehot = F.one_hot(found, spec.num_classes).float()
+                labels.append(onehot.repeat(self.dummy_copies(obs), 1))
             if infer:
                 believed = batchnorm_targets(obs, model, knowledge)
                 prior = {f"{BATCHNORM_PRIOR}{k}": v.to(self.device) for k, v in believed.items()}
@@ -377,7 +409,12 @@ class GradientMatchingAttack(Attack):
             constants=stack(constants) if constants[0] else [],
             extras={k: torch.stack([e[k] for e in extras]) for k in extras[0]} if extras else {},
             labels=torch.stack(labels) if labels else None,
-            image_shape=(first.num_examples, spec.channels, spec.image_size, spec.image_size),
+            image_shape=(
+                first.num_examples * self.dummy_copies(first),
+                spec.channels,
+                spec.image_size,
+                spec.image_size,
+            ),
             num_classes=spec.num_classes,
             schedule=LocalSchedule.of(first),
             shared_kind=first.shared_kind,
@@ -471,7 +508,8 @@ class GradientMatchingAttack(Attack):
         every victim's restart ``r`` starts alike whatever else is batched.
         """
         p, spec, norm = self.params, observation.input_spec, observation.normalization
-        shape = (observation.num_examples, spec.channels, spec.image_size, spec.image_size)
+        examples = observation.num_examples * self.dummy_copies(observation)
+        shape = (examples, spec.channels, spec.image_size, spec.image_size)
         ones = torch.ones(1, spec.channels, 1, 1)
         low, high = norm.to_model(0 * ones).expand(shape), norm.to_model(ones).expand(shape)
         rows = []
@@ -503,7 +541,9 @@ class GradientMatchingAttack(Attack):
         optimizer = self._optimizer(z, (lower, upper))
         objective = self._objective(group, restarts)
         rule, budget = p.convergence, p.step_count
-        tracker = ConvergenceTracker(len(z), rule.steps_in_window(budget), rule.rtol, z.device)
+        tracker = ConvergenceTracker(
+            len(z), rule.steps_in_window(budget), rule.rtol, z.device, rule.failure_ratio
+        )
         trace = []
         for step in range(budget):
             trace.append(optimizer.step(objective))
@@ -524,7 +564,8 @@ class GradientMatchingAttack(Attack):
                     break
         optimizer.evaluate(objective, ~optimizer.diverged)  # the distance where each row ended
         diverged = optimizer.diverged | tracker.diverged(optimizer.loss)
-        converged = (tracker.stalled() & ~diverged).view(victims, -1)
+        converged_rows, reasons = tracker.outcome(diverged)
+        converged = converged_rows.view(victims, -1)
         final = torch.where(optimizer.diverged, float("inf"), optimizer.loss).view(victims, -1)
         # Diverged restarts are passed over; a victim whose every restart diverged keeps
         # the lowest finite one (flagged: not converged, every restart counted diverged).
@@ -541,7 +582,7 @@ class GradientMatchingAttack(Attack):
                     obs,
                     optimizer.z[row],
                     group,
-                    None if group.labels is None else group.labels[v].argmax(dim=-1),
+                    None if group.labels is None else group.labels[v],
                     objective_trace=trace_rows[v, best].tolist(),
                     final_objective=float(final[v, best]),
                     seconds=seconds,
@@ -552,6 +593,7 @@ class GradientMatchingAttack(Attack):
                         "chosen_restart": best,
                         "diverged_restarts": int(diverged.view(victims, -1)[v].sum()),
                         "converged_restarts": int(converged[v].sum()),
+                        "stop_reason": reasons[row],
                         "evaluations": optimizer.evaluations.view(victims, -1)[v].tolist(),
                         "labels": "joint"
                         if group.labels is None
@@ -568,16 +610,18 @@ class GradientMatchingAttack(Attack):
         observation: Observation,
         row: torch.Tensor,
         group: MatchingProblem,
-        fixed_labels: torch.Tensor | None,
+        fixed_labels: torch.Tensor | None,  # one-hot (B, K) when labels are inferred
         **fields: Any,
     ) -> Reconstruction:
         batch, channels, height, width = group.image_shape
         pixels = batch * channels * height * width
-        x = row[:pixels].detach().reshape(batch, channels, height, width).cpu()
+        x = row[:pixels].detach().reshape(batch, channels, height, width)
         if fixed_labels is None:
-            labels = row[pixels:].reshape(batch, group.num_classes).argmax(dim=-1).cpu()
+            scores = row[pixels:].detach().reshape(batch, group.num_classes)
         else:
-            labels = fixed_labels.cpu()
+            scores = fixed_labels
+        x, scores = self.merge_copies(x, scores, observation.num_examples)
+        x, labels = x.cpu(), scores.argmax(dim=-1).cpu()
         images = observation.normalization.to_pixels(x).clamp(0, 1)
         return Reconstruction(
             images=images,
@@ -609,39 +653,48 @@ def batchnorm_prior(
 
 def require_replayable(observation: Observation, attack: str) -> None:
     """Refuse an observation whose local training :func:`replay_local_training` cannot replay."""
-    cfg = observation.train_config
     if observation.shared_kind != "update":
         raise ValueError(f"{attack} replays updates; this observation holds gradients")
-    if cfg.optimizer != "sgd" or cfg.momentum or cfg.weight_decay:
-        raise ValueError(
-            f"{attack} replays plain SGD; the client used "
-            f"optimizer={cfg.optimizer!r}, momentum={cfg.momentum}, "
-            f"weight-decay={cfg.weight_decay}"
-        )
+    refusal = replay_refusal(observation.train_config)
+    if refusal is not None:
+        raise ValueError(f"{attack} replays the client's local training; {refusal}")
 
 
 def replay_local_training(
-    problem: MatchingProblem, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+    problem: MatchingProblem,
+    params: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    adam_smoothing: float = 0.0,
 ) -> list[torch.Tensor]:
-    """``(w_global - w_K) / (lr K)`` after replaying the client's ``K`` local SGD steps.
+    """``(w_global - w_K) / (lr K)`` after replaying the client's ``K`` local steps.
 
-    The client's batch order is private: dummy images ``[kB, (k+1)B)`` form
-    step ``k`` (wrapping around for several epochs, whose reshuffles the
-    attacker cannot know). FedProx's proximal gradient ``mu (w - w_global)``
-    is added at every step. Differentiable in ``x`` and ``y`` with
-    ``torch.func`` (works under ``vmap``).
+    The client's optimiser, weight decay and FedProx's proximal term are
+    replayed (:mod:`fedsim.attacks.replay`). The client's batch order is
+    private: dummy slots ``[start, stop)`` of an epoch form its step. ``x``
+    holds one set of the client's examples (every epoch reuses its slots, as
+    if the client never reshuffled) or one per epoch (``len(x)`` a multiple
+    of the examples: each epoch its own dummies, tied by an attack's prior).
+    ``adam_smoothing``: see :func:`~fedsim.attacks.replay.replay`. Differentiable
+    in ``x`` and ``y`` with ``torch.func`` (works under ``vmap``).
     """
     names, schedule = problem.names, problem.schedule
-    lr, batch, mu = schedule.lr, schedule.batch_size, schedule.proximal_mu
+    per_epoch = len(x) > schedule.num_examples
     start = {n: params[n] for n in names}
     fixed = {n: p for n, p in params.items() if n not in start}
-    grad = torch.func.grad(model_loss(problem.model))
-    weights = start
-    for step in range(schedule.steps):
-        lo = (step * batch) % len(x)
-        grads = grad(weights, fixed, x[lo : lo + batch], y[lo : lo + batch])
-        weights = {n: weights[n] - lr * (grads[n] + mu * (weights[n] - start[n])) for n in names}
-    return [(start[n] - weights[n]) / (lr * schedule.steps) for n in names]
+    loss_grad = torch.func.grad(model_loss(problem.model))
+
+    def grad(weights: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor):
+        return loss_grad(weights, fixed, xb, yb)
+
+    batches = []
+    for b in schedule.batches:
+        offset = b.epoch * schedule.num_examples if per_epoch else 0
+        batches.append(
+            (x[offset + b.start : offset + b.stop], y[offset + b.start : offset + b.stop])
+        )
+    weights = replay(schedule.client, grad, start, batches, schedule.proximal_mu, adam_smoothing)
+    return [(start[n] - weights[n]) / (schedule.lr * schedule.steps) for n in names]
 
 
 def model_loss(model: nn.Module) -> Any:

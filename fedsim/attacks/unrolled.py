@@ -7,7 +7,10 @@ client's local training on the dummy batch in autograd, with the schedule the
 server sent (lr, batch size, steps, FedProx's mu), and matches the simulated
 update ``(w_global - w_K(x~)) / (lr K)`` to the observed one
 (:func:`~fedsim.attacks.matching.replay_local_training`; images are learnt
-into whichever batch slot fits). Plain SGD only (no momentum or weight decay).
+into whichever batch slot fits): SGD with or without momentum and weight
+decay, Adam and AdamW from a fresh state (:mod:`fedsim.attacks.replay` states
+the threat model). Every epoch reuses the same dummy slots, as if the client
+never reshuffled; ``fedavg-leakage`` gives each epoch its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from fedsim.attacks.matching import (
     require_replayable,
 )
 from fedsim.attacks.registry import ATTACKS
+from fedsim.attacks.replay import replay_refusal
 from fedsim.core.config import require
 
 
@@ -33,7 +37,7 @@ class UnrolledDLG(DLG):
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
-        """Updates only (a probe is a gradient: there is nothing to replay), from plain SGD."""
+        """Updates only (a probe is a gradient: there is nothing to replay) that can be replayed."""
         cfg = setting.client
         require(
             setting.threat_model == "update",
@@ -42,14 +46,8 @@ class UnrolledDLG(DLG):
             "replays client updates; "
             f'audit.threat-model = "{setting.threat_model}" gives gradients',
         )
-        require(
-            cfg.optimizer == "sgd" and not cfg.momentum and not cfg.weight_decay,
-            f"{key}.name",
-            "unrolled-dlg",
-            "replays plain SGD; the clients use "
-            f"client.optimizer = {cfg.optimizer!r}, momentum {cfg.momentum}, "
-            f"weight-decay {cfg.weight_decay}",
-        )
+        refusal = replay_refusal(cfg)
+        require(refusal is None, f"{key}.name", "unrolled-dlg", f"cannot replay: {refusal}")
 
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0
@@ -66,5 +64,5 @@ class UnrolledDLG(DLG):
         y: torch.Tensor,
         functional: bool,
     ) -> list[torch.Tensor]:
-        """``(w_global - w_K) / (lr K)`` after replaying the client's ``K`` SGD steps."""
+        """``(w_global - w_K) / (lr K)`` after replaying the client's ``K`` local steps."""
         return replay_local_training(problem, params, x, y)

@@ -24,6 +24,7 @@ from typing import Any
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LEAKS
+from fedsim.attacks.replay import replay_refusal
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import AUTO, ComponentConfig, Scenario, ScenarioError, require
 from fedsim.core.registry import Registry
@@ -35,6 +36,7 @@ PORTFOLIO = (
     "inverting-gradients",
     "dlg",
     "sapag",
+    "fedavg-leakage",
     "unrolled-dlg",
     "aligned-dlg",
     "grnn",
@@ -54,18 +56,13 @@ _MEASURED: dict[str, dict[str, int]] = {
 _UNMEASURED = {"inverting-gradients": 2000, "dlg": 100, "sapag": 100, "grnn": 1000}
 _RESNET = {"inverting-gradients": 1000, "dlg": 50, "sapag": 50, "grnn": 500}
 _RESTARTS = {"grnn": 1}  # the others: 2 (restarts are batched; GRNN's run one after another)
-_LIKE_DLG = ("unrolled-dlg", "aligned-dlg")  # DLG's optimiser and objective scale
+_LIKE_DLG = ("unrolled-dlg", "aligned-dlg", "fedavg-leakage")  # DLG's optimiser (L-BFGS)
 
 
 def replays_updates(scenario: Scenario) -> bool:
-    """Whether the server can replay the clients' local training (plain SGD, updates)."""
-    cfg = scenario.client
-    return (
-        scenario.audit.threat_model == "update"
-        and cfg.optimizer == "sgd"
-        and not cfg.momentum
-        and not cfg.weight_decay
-    )
+    """Whether the server can replay the clients' local training (updates, a known optimiser
+    state: :func:`fedsim.attacks.replay.replay_refusal`)."""
+    return scenario.audit.threat_model == "update" and replay_refusal(scenario.client) is None
 
 
 def budget(name: str, scenario: Scenario) -> dict[str, Any]:
@@ -77,7 +74,7 @@ def budget(name: str, scenario: Scenario) -> dict[str, Any]:
         return {}  # a closed-form attack: nothing to budget
     params: dict[str, Any] = {"steps": caps[optimised], "restarts": _RESTARTS.get(name, 2)}
     if name == "inverting-gradients":
-        # IG replays several local steps only for plain SGD; otherwise it reads an
+        # IG replays several local steps where the server can; otherwise it reads an
         # update as one large-batch gradient (as DLG does).
         params["unroll"] = replays_updates(scenario)
     return params
