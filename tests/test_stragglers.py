@@ -110,13 +110,37 @@ def test_bad_straggler_settings_are_refused_in_one_line(
     assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_the_audit_of_updates_is_refused_with_stragglers_and_the_probe_is_not() -> None:
-    # The update threat model replays the round's one train config; a straggler's differs.
+def test_the_audit_reads_each_stragglers_epochs_from_its_reply(message_identity: None) -> None:
+    # A straggler's reply echoes the epochs it trained: the audit's view of that client
+    # (its config, the examples its update touched) follows the reply, not the round's.
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    from fedsim.audit.observe import intercept
+    from fedsim.core.training import client_config_record
+
     table = tiny_table({"name": "fedavg"}, federation={"stragglers": 0.5}, audit={"enabled": True})
-    with pytest.raises(ScenarioError, match="update threat model replays the round's one"):
-        check_components(scenario_from_dict(table))
-    table["audit"]["threat-model"] = "probe"
-    assert check_components(scenario_from_dict(table)).attacks
+    scenario = scenario_from_dict(table)
+    assert check_components(scenario).attacks  # the update threat model is accepted
+    config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
+    replies = [
+        Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord(),
+                    "metrics": MetricRecord(
+                        {"num-examples": 40, "partition-id": p, "straggler": p, "local-epochs": e}
+                    ),
+                }
+            ),
+            dst_node_id=p,
+            message_type="train",
+        )
+        for p, e in ((0, scenario.client.local_epochs), (1, 1))
+    ]
+    intercepted = intercept(1, ArrayRecord(), config, replies)
+    full, straggler = intercepted.replies
+    assert full.config == scenario.client and straggler.config.local_epochs == 1
+    assert straggler.examples_touched <= full.examples_touched
 
 
 def test_a_strategy_that_cannot_run_stragglers_is_refused() -> None:

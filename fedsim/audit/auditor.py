@@ -56,20 +56,17 @@ from fedsim.audit.records import AuditLog
 from fedsim.audit.scoring import TaskRun
 from fedsim.audit.tasks import (
     DeviceUse,
-    audit_reservation,
+    RemoteAttacks,
     finished_within,
-    remote_attack,
     run_attack,
     run_leak_analysis,
     runs_in_driver,
-    start_board,
 )
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
 from fedsim.core.protocol import RoundRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
 from fedsim.core.truth import GroundTruth, TruthSource
-from fedsim.outputs.progress import AttackProgressLines
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 PROGRESS_EVERY_S = 30.0  # a line while the round waits for its attacks: never silent
@@ -166,9 +163,7 @@ class Auditor:
         self._lock = threading.Lock()
         self._collector: threading.Thread | None = None
         self._closing = threading.Event()
-        self._reservation: Any = None  # the run's audit placement group, looked up once
-        self._board: Any = None  # a ProgressBoard actor, started with the first attack
-        self._progress_lines: dict[str, AttackProgressLines] = {}
+        self._remote = RemoteAttacks(cfg, console)
 
     # -- choosing ----------------------------------------------------------------------
 
@@ -313,29 +308,8 @@ class Auditor:
             args = (job.component, observations, seed, False, None, self.cfg.precision)
             self._add_pending(self._driver().submit(run_attack, *args), job)
             return
-        options: dict[str, Any] = {
-            "num_cpus": self.cfg.threads_per_attack,
-            "num_gpus": self.cfg.num_gpus,
-        }
-        if self._reservation is None:
-            self._reservation = audit_reservation()
-        if self._reservation is not None:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
-        if self._board is None:
-            self._board = start_board()
         key = f"audit round {job.round}: {self._label(job)} on {job.clients}"
-        self._progress_lines[key] = AttackProgressLines(self.console, key)
-        ref = remote_attack.options(**options).remote(
-            job.component,
-            observations,
-            seed,
-            self.cfg.num_gpus > 0,
-            self.cfg.threads_per_attack,
-            self.cfg.precision,
-            (self._board, key),
-        )
+        ref = self._remote.submit(job.component, observations, seed, key)
         self._add_pending(ref, job)
 
     def _add_pending(self, key: Hashable, job: _Job) -> None:
@@ -355,18 +329,11 @@ class Auditor:
         while not (self._closing.is_set() and not self._pending):
             self._collect(timeout=0.5)
 
-    def _show_progress(self) -> None:
-        """Print what running attacks posted since the last call."""
-        if self._board is None:
-            return
-        for key, step, total, best in ray.get(self._board.take.remote()):
-            self._progress_lines[key](step, total, best)
-
     def _collect(self, timeout: float, only_round: int | None = None, every: bool = False) -> None:
         """Record finished work: the first to finish within ``timeout``, or with
         ``every`` all that finish within it. The async collector and :meth:`finish`
         may both collect: a job is recorded by whichever takes it first."""
-        self._show_progress()
+        self._remote.show_progress()
         with self._lock:
             keys = [
                 key

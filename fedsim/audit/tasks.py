@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 import torch
+from rich.console import Console
 
 from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
@@ -26,6 +27,7 @@ from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
 from fedsim.core.devices import gpu_if
+from fedsim.outputs.progress import AttackProgressLines
 
 AUDIT_RESERVATION_NAME = "fedsim-audit"
 
@@ -164,3 +166,52 @@ def finished_within(keys: Sequence[Hashable], timeout: float, every: bool) -> li
         return done
     until = ALL_COMPLETED if every else FIRST_COMPLETED
     return list(wait_futures(futures, timeout=timeout, return_when=until).done)
+
+
+class RemoteAttacks:
+    """Submits attack tasks into the audit's reservation and prints their progress.
+
+    The reservation (a placement group) is looked up and the progress board started
+    with the first task; each task posts its progress under its key.
+    """
+
+    def __init__(self, cfg: AuditConfig, console: Console) -> None:
+        self.cfg = cfg
+        self.console = console
+        self._reservation: Any = None
+        self._board: Any = None
+        self._lines: dict[str, AttackProgressLines] = {}
+
+    def submit(
+        self, attack: Resolved, observations: Sequence[Observation], seed: int, key: str
+    ) -> Any:
+        """One task running ``attack`` on ``observations``; its Ray object ref."""
+        options: dict[str, Any] = {
+            "num_cpus": self.cfg.threads_per_attack,
+            "num_gpus": self.cfg.num_gpus,
+        }
+        if self._reservation is None:
+            self._reservation = audit_reservation()
+        if self._reservation is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
+        if self._board is None:
+            self._board = start_board()
+        self._lines[key] = AttackProgressLines(self.console, key)
+        return remote_attack.options(**options).remote(
+            attack,
+            observations,
+            seed,
+            self.cfg.num_gpus > 0,
+            self.cfg.threads_per_attack,
+            self.cfg.precision,
+            (self._board, key),
+        )
+
+    def show_progress(self) -> None:
+        """Print what running tasks posted since the last call."""
+        if self._board is None:
+            return
+        for key, step, total, best in ray.get(self._board.take.remote()):
+            self._lines[key](step, total, best)

@@ -31,14 +31,7 @@ from fedsim.attacks.leakage import LEAKS
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.defences import DEFENCES, check_defences
 from fedsim.core.components import Resolved, resolve
-from fedsim.core.config import (
-    DataConfig,
-    Scenario,
-    ScenarioError,
-    first_line,
-    lookup,
-    require,
-)
+from fedsim.core.config import DataConfig, Scenario, ScenarioError, first_line, lookup, require
 from fedsim.core.data import (
     DATASETS,
     check_dataset_available,
@@ -168,14 +161,6 @@ def check_stragglers(scenario: Scenario, strategy_cls: type[EngineHooks]) -> Non
         "federation.stragglers",
         stragglers,
         "stragglers do fewer local epochs, so client.local-steps must be 0",
-    )
-    audit = scenario.audit
-    require(
-        not (audit.enabled and audit.threat_model == "update"),
-        "federation.stragglers",
-        stragglers,
-        "the audit's update threat model replays the round's one train config, and a straggler "
-        'trains fewer epochs than it says; use audit.threat-model = "probe" or no stragglers',
     )
 
 
