@@ -17,6 +17,7 @@ from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.grnn import GRNN
 from fedsim.attacks.ig import InvertingGradients
+from fedsim.attacks.label_leaks import LLG, GradientCount
 from fedsim.attacks.registry import ATTACKS, create_attack, resolve_attack
 from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
@@ -27,11 +28,13 @@ __all__ = [
     "ATTACKS",
     "DLG",
     "GRNN",
+    "LLG",
     "RGAP",
     "SAPAG",
     "AlignedDLG",
     "AnalyticFC",
     "Attack",
+    "GradientCount",
     "InvertingGradients",
     "Observation",
     "Reconstruction",
