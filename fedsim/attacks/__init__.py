@@ -18,6 +18,7 @@ from fedsim.attacks.dlg import DLG
 from fedsim.attacks.grnn import GRNN
 from fedsim.attacks.ig import InvertingGradients
 from fedsim.attacks.label_leaks import LLG, GradientCount
+from fedsim.attacks.membership import GradientAlignment, LossDrop
 from fedsim.attacks.registry import ATTACKS, create_attack, resolve_attack
 from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
@@ -34,8 +35,10 @@ __all__ = [
     "AlignedDLG",
     "AnalyticFC",
     "Attack",
+    "GradientAlignment",
     "GradientCount",
     "InvertingGradients",
+    "LossDrop",
     "Observation",
     "Reconstruction",
     "Spear",
