@@ -18,6 +18,8 @@ from fedsim.attacks.dlg import DLG
 from fedsim.attacks.fedavg_leakage import FedAvgLeakage
 from fedsim.attacks.grnn import GRNN
 from fedsim.attacks.ig import InvertingGradients
+from fedsim.attacks.label_leaks import LLG, GradientCount
+from fedsim.attacks.membership import GradientAlignment, LossDrop
 from fedsim.attacks.registry import ATTACKS, create_attack, resolve_attack
 from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
@@ -28,13 +30,17 @@ __all__ = [
     "ATTACKS",
     "DLG",
     "GRNN",
+    "LLG",
     "RGAP",
     "SAPAG",
     "AlignedDLG",
     "AnalyticFC",
     "Attack",
     "FedAvgLeakage",
+    "GradientAlignment",
+    "GradientCount",
     "InvertingGradients",
+    "LossDrop",
     "Observation",
     "Reconstruction",
     "Spear",
