@@ -13,7 +13,7 @@ import torch
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.label_leaks import LLG, GradientCount
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakInput, PublicData
-from fedsim.audit.observe import ServerView
+from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.leak_metrics import score_labels, score_membership
@@ -70,7 +70,9 @@ def client_update(
     train_local(client, data.train_images[idx], data.train_labels[idx], cfg, seed)
     view = ServerView(MODEL, SPEC, data.normalization, "fedavg")
     shared = {k: v.detach().clone() for k, v in client.state_dict().items()}
-    return view.observe(1, 0, "update", shared, sent, cfg, len(idx))
+    round_ = InterceptedRound(1, sent, cfg, 0.0, ())
+    reply = InterceptedReply(0, len(idx), len(idx), cfg, shared)
+    return view.observe(round_, reply, "update")
 
 
 def dirichlet_client(size: int, alpha: float, seed: int) -> torch.Tensor:
