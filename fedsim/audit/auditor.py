@@ -225,7 +225,7 @@ class Auditor:
             self.console.print(
                 f"  audit round {beyond[0].observation.round}: no reconstruction for client(s) "
                 f"{sizes}: updates computed on more than audit.max-images = {limit} images"
-                + (" (its other kinds of leak are analysed)" if self.leaks else ""),
+                + (" (their other kinds of leak are analysed)" if self.leaks else ""),
                 markup=False,
             )
         return [v for v in victims if v.observation.num_examples <= limit]

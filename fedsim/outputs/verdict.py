@@ -80,7 +80,7 @@ def victim_verdict(group: pd.DataFrame, leaks: pd.DataFrame | None = None) -> Ve
     return VerdictRecord(
         round=int(first["round"]),
         client=int(first["client"]),
-        batch_size=int(first[_col("batch_size")]) if len(group) else int(first["examples"]),
+        batch_size=_examples(group, leaks, probe),
         attacks=len(group),
         attacks_converged=int(converged.sum()),
         bound=CONVERGED if bool(converged.all()) else LOWER_BOUND,
@@ -97,6 +97,16 @@ def victim_verdict(group: pd.DataFrame, leaks: pd.DataFrame | None = None) -> Ve
         **_leak_verdict(leaks),
         **_counterfactual_verdict(probe),
     )
+
+
+def _examples(group: pd.DataFrame, leaks: pd.DataFrame, probe: pd.DataFrame) -> int:
+    """What the victim's upload was computed on: the attacked update's batch, else the
+    analysed update's examples, else the counterfactual probe's batch."""
+    if len(group):
+        return int(group[_col("batch_size")].iloc[0])
+    if len(leaks):
+        return int(leaks["examples"].iloc[0])
+    return int(probe[_col("batch_size")].iloc[0])
 
 
 def _counterfactual_verdict(probe: pd.DataFrame) -> dict[str, Any]:
