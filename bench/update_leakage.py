@@ -20,6 +20,14 @@ uniform guess's; membership: AUC and TPR at 1 % FPR; representatives: SSIM to
 the class mean) and its seconds per client on one thread::
 
     .venv/bin/python bench/update_leakage.py [--clients 6] [--pretrain 300] [--out FILE]
+
+``--overhead PAIRS``: what labels and membership on every client every round cost a
+run. The quickstart (4 clients x 800 images, 2 epochs of Adam, 5 rounds) unaudited
+and with its audit cut to the labels and membership analyses of ``"auto"`` (no
+reconstruction, no probe), run alternately ``PAIRS`` times; the wall time of each
+and the median ratio audited / unaudited::
+
+    .venv/bin/python bench/update_leakage.py --overhead 5
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LEAKS, LeakInput
 from fedsim.audit.candidates import AuditPool, draw_candidates
 from fedsim.audit.leak_scoring import LeakTruth, score_leak
@@ -43,7 +52,7 @@ from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import train_defended
 from fedsim.clients.replay import ClientReplay
 from fedsim.core.components import resolve
-from fedsim.core.config import ComponentConfig, Scenario, scenario_from_dict
+from fedsim.core.config import ComponentConfig, Scenario, ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec
 from fedsim.core.training import client_config_record, train_local
@@ -118,7 +127,15 @@ def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> lis
     routine = CLIENT_ROUTINES.get("fedavg")()
     replay = ClientReplay(scenario, "fedavg", None)
     names = args.analyses or [n for n in LEAKS.names() if LEAKS.get(n).in_auto]
-    analyses = [resolve(LEAKS, ComponentConfig(n, {}), n) for n in names]
+    setting = dataclasses.replace(AttackSetting.of(scenario, None), audited=True)
+    analyses = []
+    for name in names:
+        analysis = resolve(LEAKS, ComponentConfig(name, {}), name)
+        try:
+            analysis.cls.check_setting(setting, name)
+        except ScenarioError:
+            continue  # does not apply to this setting (as "auto" leaves it out)
+        analyses.append(analysis)
     scores: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     for partition in range(min(args.clients, scenario.federation.num_clients)):
         env = ClientEnv.create(scenario, partition, RecordDict())
@@ -185,6 +202,46 @@ COLUMNS = {
 }
 
 
+def overhead(pairs: int) -> None:
+    """Alternate the unaudited and the labels-and-membership-audited quickstart."""
+    import tempfile
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from fedsim.core.config import load_scenario
+    from fedsim.simulation.runner import run_scenario
+
+    kinds = ("labels", "membership")
+    names = [n for n in LEAKS.names() if LEAKS.get(n).in_auto and LEAKS.get(n).kind in kinds]
+    leaks = "[" + ", ".join(f"{{name='{n}'}}" for n in names) + "]"
+    quickstart = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.toml"
+    ways = {
+        "unaudited": ["audit.enabled=false"],
+        "labels+membership": ["audit.attacks=[]", f"audit.leaks={leaks}", "audit.probe-rounds=[]"],
+    }
+    walls: dict[str, list[float]] = {way: [] for way in ways}
+    quiet = Console(quiet=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(pairs):
+            for way, overrides in ways.items():
+                started = time.perf_counter()
+                run_scenario(
+                    load_scenario(quickstart, overrides), Path(tmp) / f"{way}-{pair}", quiet
+                )
+                walls[way].append(time.perf_counter() - started)
+                print(
+                    f"pair {pair + 1} {way}: {walls[way][-1]:.1f} s (load {os.getloadavg()[0]:.2f})"
+                )
+    ratios = [a / b for a, b in zip(walls["labels+membership"], walls["unaudited"], strict=True)]
+    print(f"analyses: {', '.join(names)}")
+    print(
+        f"wall: unaudited median {statistics.median(walls['unaudited']):.1f} s, audited "
+        f"{statistics.median(walls['labels+membership']):.1f} s; ratio median "
+        f"{statistics.median(ratios):.3f} (each pair: {', '.join(f'{r:.3f}' for r in ratios)})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=6, help="clients per setting")
@@ -192,7 +249,11 @@ def main() -> None:
     parser.add_argument("--analyses", nargs="*", default=None, help="LEAKS names (default: auto)")
     parser.add_argument("--settings", nargs="*", default=None, help="setting labels to run")
     parser.add_argument("--out", default="", help="also write the table to this markdown file")
+    parser.add_argument("--overhead", type=int, default=0, help="PAIRS: the cost in a run")
     args = parser.parse_args()
+    if args.overhead:
+        overhead(args.overhead)
+        return
     torch.set_num_threads(1)
     print(f"load: {os.getloadavg()[0]:.2f}; one thread; {args.clients} clients a setting")
     lines = [

@@ -417,7 +417,8 @@ class AuditConfig:
 
     ``attacks`` are tables ``{name = "dlg", <that attack's parameters>}``, or
     ``"auto"`` (the default): every registered attack that applies to the
-    scenario, at its measured budget (:mod:`fedsim.scenario.portfolio`).
+    scenario, at its measured budget (:mod:`fedsim.scenario.portfolio`); ``[]``
+    runs none (the leak analyses alone). ``leaks`` likewise.
     Rounds: the listed ``rounds``, else every ``every``-th round. Victims: the
     listed partitions ``victim-ids`` when sampled, else ``victims`` random
     sampled clients (0 = every sampled client).
@@ -450,12 +451,6 @@ class AuditConfig:
     precision: Literal["float32", "float64"] = "float32"  # attacks' arithmetic (no TF32)
 
     def __post_init__(self) -> None:
-        require(
-            self.attacks == AUTO or len(self.attacks) >= 1,
-            "attacks",
-            self.attacks,
-            f'list at least one attack, or "{AUTO}"',
-        )
         require(
             self.probe_batch_size >= 1, "probe-batch-size", self.probe_batch_size, "must be >= 1"
         )

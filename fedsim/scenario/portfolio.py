@@ -207,6 +207,7 @@ def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditPla
         bool(plan.attacks or plan.leaks),
         "audit.attacks",
         audit.attacks,
-        "no registered attack or leak analysis applies to this scenario; list attacks by hand",
+        "no attack or leak analysis to run: none applies to this scenario, or none is "
+        "listed; list attacks by hand",
     )
     return plan
