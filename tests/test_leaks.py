@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.attacks.analytic import layer_input, linear_layers
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.label_leaks import LLG, GradientCount
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakInput, PublicData
+from fedsim.attacks.representatives import ClassRepresentatives, RepresentativesParams
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import DatasetBundle, load_dataset
-from fedsim.core.leak_metrics import score_labels, score_membership
+from fedsim.core.leak_metrics import score_labels, score_membership, score_representatives
 from fedsim.core.models import InputSpec, SplitNet, build_model
 from fedsim.core.training import train_local
 
@@ -233,3 +235,76 @@ def test_membership_refuses_partial_uploads_probes_and_data_without_held_out_spl
         for bad, reason in refused:
             with pytest.raises(ScenarioError, match=rf"leaks\.membership\.name = .*{reason}"):
                 analysis.check_setting(bad, "leaks.membership")
+
+
+# Class representatives ------------------------------------------------------------------
+
+
+def three_class_client(seed: int) -> torch.Tensor:
+    """20 training digits of each of three classes."""
+    data, pool = digits(), training_halves()[1]
+    chosen = np.random.default_rng(seed).choice(10, 3, replace=False)
+    return torch.cat([pool[data.train_labels[pool] == int(c)][:20] for c in chosen])
+
+
+def true_features(observation: Observation, idx: torch.Tensor) -> torch.Tensor:
+    model = build_model(MODEL, SPEC)
+    return layer_input(
+        model, observation.global_params, linear_layers(model)[-1][1], digits().train_images[idx]
+    ).detach()
+
+
+# Measured (seed 0, 300 steps): one SGD step of a fresh model 0.29 SSIM to the class mean
+# (feature cosine 1.000); five SGD steps or a trained model 0.05-0.10; Adam -0.01-0.05,
+# while the features still have cosine 0.90-0.99 to the class means.
+def test_representatives_of_one_sgd_step_resemble_the_class_means() -> None:
+    data = digits()
+    idx = three_class_client(0)
+    sgd = ClientConfig(local_steps=1, batch_size=64, optimizer="sgd", lr=0.05)
+    observation = client_update(idx, sgd, seed=0, model=build_model(MODEL, SPEC, seed=0))
+
+    leak = ClassRepresentatives(RepresentativesParams(inversion_steps=300)).analyse(
+        LeakInput(observation, public_and_outsiders()[0])
+    )
+    assert leak.images is not None
+    score = score_representatives(
+        leak.classes,
+        leak.images,
+        leak.features,
+        data.normalization.to_pixels(data.train_images[idx]),
+        data.train_labels[idx],
+        true_features(observation, idx),
+    )
+
+    assert sorted(leak.classes.tolist()) == sorted(set(data.train_labels[idx].tolist()))
+    assert score.ssim_mean_image > 0.2
+    assert score.feature_cosine > 0.99
+
+
+def test_representatives_behind_a_private_extractor_are_features_only() -> None:
+    data = digits()
+    idx = three_class_client(1)
+    observation = client_update(idx, ADAM, seed=1)
+    classifier = {k: v for k, v in observation.shared.items() if k.startswith("classifier.")}
+    sent = {k: v for k, v in observation.global_params.items() if k.startswith("classifier.")}
+    hidden = dataclasses.replace(observation, shared=classifier, global_params=sent)
+
+    leak = ClassRepresentatives(RepresentativesParams()).analyse(
+        LeakInput(hidden, public_and_outsiders()[0])
+    )
+    score = score_representatives(
+        leak.classes,
+        None,
+        leak.features,
+        data.normalization.to_pixels(data.train_images[idx]),
+        data.train_labels[idx],
+        true_features(observation, idx),
+    )
+
+    assert leak.images is None
+    assert sorted(leak.classes.tolist()) == sorted(set(data.train_labels[idx].tolist()))
+    assert score.feature_cosine > 0.6  # measured 0.77 here, 0.90 on another Adam client
+    with pytest.raises(ScenarioError, match=r"leaks\.representatives\.name = .*bias"):
+        ClassRepresentatives.check_setting(
+            setting("custom", ("extractor.",)), "leaks.representatives"
+        )

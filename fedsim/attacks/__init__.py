@@ -21,6 +21,7 @@ from fedsim.attacks.ig import InvertingGradients
 from fedsim.attacks.label_leaks import LLG, GradientCount
 from fedsim.attacks.membership import GradientAlignment, LossDrop
 from fedsim.attacks.registry import ATTACKS, create_attack, resolve_attack
+from fedsim.attacks.representatives import ClassRepresentatives
 from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
 from fedsim.attacks.spear import Spear
@@ -36,6 +37,7 @@ __all__ = [
     "AlignedDLG",
     "AnalyticFC",
     "Attack",
+    "ClassRepresentatives",
     "FedAvgLeakage",
     "GradientAlignment",
     "GradientCount",

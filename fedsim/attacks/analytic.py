@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -407,38 +407,60 @@ class AnalyticFC(AnalyticAttack):
         features: torch.Tensor,
         observation: Observation,
     ) -> tuple[torch.Tensor, float]:
-        """Images ``x`` (model-input space) with ``layer_input(x) = features``, and the
-        final relative feature error ``||E(x) - f||^2 / ||f||^2``.
-
-        Adam from a grey image in pixel space, boxed to [0, 1] (so the learning
-        rate means the same with or without normalisation); a grey image when
-        :attr:`AnalyticFCParams.inversion_steps` is 0.
-        """
-        spec, norm = observation.input_spec, observation.normalization
-        shape = (1, spec.channels, spec.image_size, spec.image_size)
-        grey = torch.full((1, shape[1] * shape[2] * shape[3]), 0.5)
-        steps = self.params.inversion_steps
-        if steps == 0:
-            return norm.to_model(grey.reshape(shape)).to(self.device), float("nan")
-        scale = features.square().sum().clamp_min(1e-30)
-        fixed = {n: p.detach() for n, p in params.items()}
-
-        def objective(z: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            z = z.detach().requires_grad_(True)
-            x = norm.to_model(z.reshape(-1, *shape[1:]))
-            value = (layer_input(model, fixed, layer, x) - features).square().sum(dim=1) / scale
-            (grad,) = torch.autograd.grad(value.sum(), z)
-            return value.detach(), grad
-
-        box = (torch.zeros(grey.shape[1]), torch.ones(grey.shape[1]))
-        optimizer = BatchedAdamW(
-            grey.to(self.device),
-            (box[0].to(self.device), box[1].to(self.device)),
-            lr=self.params.inversion_lr,
-            weight_decay=0.0,
+        """:func:`invert_features` of one feature vector, reporting progress."""
+        x, residuals = invert_features(
+            model,
+            params,
+            layer,
+            features,
+            observation,
+            self.params.inversion_steps,
+            self.params.inversion_lr,
+            self.report_progress,
         )
-        for step in range(steps):
-            optimizer.step(objective)
-            self.report_progress(step + 1, steps, optimizer.loss)
-        optimizer.evaluate(objective, torch.ones(1, dtype=torch.bool, device=self.device))
-        return norm.to_model(optimizer.z.reshape(shape)), float(optimizer.loss[0])
+        return x, float(residuals[0])
+
+
+def invert_features(
+    model: SplitNet,
+    params: dict[str, torch.Tensor],
+    layer: nn.Module,
+    features: torch.Tensor,
+    observation: Observation,
+    steps: int,
+    lr: float,
+    progress: Callable[[int, int, torch.Tensor], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images ``x`` (model-input space) with ``layer_input(x) = features`` row by row,
+    ``features`` ``(m, D)``, and each row's final relative feature error
+    ``||E(x) - f||^2 / ||f||^2`` (``(m,)``; nan without steps).
+
+    Adam from a grey image in pixel space, boxed to [0, 1] (so the learning rate
+    means the same with or without normalisation), all rows in one batch; grey
+    images when ``steps`` is 0.
+    """
+    spec, norm = observation.input_spec, observation.normalization
+    shape = (spec.channels, spec.image_size, spec.image_size)
+    rows = len(features)
+    device = features.device
+    grey = torch.full((rows, shape[0] * shape[1] * shape[2]), 0.5, device=device)
+    if steps == 0:
+        return norm.to_model(grey.reshape(rows, *shape)), torch.full((rows,), float("nan"))
+    scale = features.square().sum(dim=1).clamp_min(1e-30)
+    fixed = {n: p.detach() for n, p in params.items()}
+
+    def objective(z: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = z.detach().requires_grad_(True)
+        x = norm.to_model(z.reshape(-1, *shape))
+        value = (layer_input(model, fixed, layer, x) - features).square().sum(dim=1) / scale
+        (grad,) = torch.autograd.grad(value.sum(), z)
+        return value.detach(), grad
+
+    box = (torch.zeros(grey.shape[1], device=device), torch.ones(grey.shape[1], device=device))
+    optimizer = BatchedAdamW(grey, box, lr=lr, weight_decay=0.0)
+    for step in range(steps):
+        optimizer.step(objective)
+        if progress is not None:
+            progress(step + 1, steps, optimizer.loss)
+    optimizer.evaluate(objective, torch.ones(rows, dtype=torch.bool, device=device))
+    return norm.to_model(optimizer.z.reshape(rows, *shape)), optimizer.loss.detach().cpu()

@@ -35,7 +35,8 @@ public config with :func:`~fedsim.core.training.train_local` on public subsets
 of known class mixes and fits a linear map from the output layer's bias and
 row-sum updates to class shares) was measured and left out: under Adam it
 scored total-variation distances of 0.27-0.43 where LLG scored 0.05-0.28 on
-the same clients, at 1.4-2.3 s of shadow training per round (docs/leaks.md).
+the same clients, at 1.4-2.3 s of shadow training per round, on a setup since found flawed
+(docs/leaks.md).
 """
 
 from __future__ import annotations
