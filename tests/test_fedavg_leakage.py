@@ -24,6 +24,7 @@ from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import batch_indices, train_local
+from fedsim.scenario.portfolio import RECONSTRUCTION_REACH, budget, reconstruction_refusal
 
 BUNDLE = load_dataset(DataConfig())
 SPEC = InputSpec(1, 32, 10)
@@ -123,3 +124,12 @@ def test_two_epochs_of_sgd_leak_more_to_fedavg_leakage_than_to_unrolled_dlg() ->
 
     assert ours >= 1
     assert ours >= baseline
+
+
+def test_the_portfolio_budgets_it_and_refuses_clients_beyond_the_measured_reach() -> None:
+    scenario = parse_table(Scenario, {"audit": {"threat-model": "update"}}, "")
+
+    assert budget("fedavg-leakage", scenario) == {"steps": 40, "restarts": 2}
+    assert reconstruction_refusal(RECONSTRUCTION_REACH) is None
+    line = reconstruction_refusal(RECONSTRUCTION_REACH + 1)
+    assert line is not None and f"({RECONSTRUCTION_REACH} images" in line

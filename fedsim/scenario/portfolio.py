@@ -47,12 +47,30 @@ _MEASURED: dict[str, dict[str, int]] = {
     "lenet5-split": {"inverting-gradients": 250, "dlg": 10, "sapag": 100, "grnn": 1000},
     "lenet-zhu": {"inverting-gradients": 2000, "dlg": 100, "sapag": 25, "grnn": 1000},
 }
+# fedavg-leakage replays every local step per objective evaluation: its cap is the budget
+# bench/fedavg_leakage.py measured reach at (40 L-BFGS steps, 2 restarts; docs/attacks.md),
+# whatever the model.
+_REPLAYED = {"fedavg-leakage": 40}
 # Models not measured take the larger of the measured caps; ResNet-18 was not measured
 # on these 2 cores (one IG step there costs about 0.5 s): its caps only bound the cost.
 _UNMEASURED = {"inverting-gradients": 2000, "dlg": 100, "sapag": 100, "grnn": 1000}
 _RESNET = {"inverting-gradients": 1000, "dlg": 50, "sapag": 50, "grnn": 500}
 _RESTARTS = {"grnn": 1}  # the others: 2 (restarts are batched; GRNN's run one after another)
-_LIKE_DLG = ("unrolled-dlg", "aligned-dlg", "fedavg-leakage")  # DLG's optimiser (L-BFGS)
+_LIKE_DLG = ("unrolled-dlg", "aligned-dlg")  # DLG's optimiser and objective scale
+
+RECONSTRUCTION_REACH = 4
+"""Images per client up to which reconstruction from a multi-step update was measured to
+recover anything (bench/fedavg_leakage.py, docs/attacks.md#reach-on-real-multi-step-updates)."""
+
+
+def reconstruction_refusal(images: int) -> str | None:
+    """One line refusing reconstruction from an update on ``images`` images beyond the reach."""
+    if images <= RECONSTRUCTION_REACH:
+        return None
+    return (
+        f"trained on {images} images: beyond the measured reach of reconstruction from updates "
+        f"({RECONSTRUCTION_REACH} images, docs/attacks.md#reach-on-real-multi-step-updates)"
+    )
 
 
 def replays_updates(scenario: Scenario) -> bool:
@@ -65,6 +83,8 @@ def budget(name: str, scenario: Scenario) -> dict[str, Any]:
     """The portfolio's parameters for attack ``name`` in ``scenario``."""
     model = scenario.model.name
     caps = _RESNET if model.startswith("resnet") else _MEASURED.get(model, _UNMEASURED)
+    if name in _REPLAYED:
+        return {"steps": _REPLAYED[name], "restarts": 2}
     optimised = "dlg" if name in _LIKE_DLG else name
     if optimised not in caps:
         return {}  # a closed-form attack: nothing to budget
