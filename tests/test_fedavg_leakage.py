@@ -107,7 +107,7 @@ def test_it_refuses_a_probe_and_a_private_optimiser_state_in_one_line(
 
 def _recovered(name: str, observation: Observation, x: torch.Tensor, y: torch.Tensor) -> int:
     attack_cls = ATTACKS.get(name)
-    # Above the portfolio's 40 x 2, at which this victim's best image stayed under 20 dB.
+    # The portfolio's budget; at 40 x 2 this victim's best image stayed under 20 dB.
     params = parse_table(attack_cls.Params, {"steps": 60, "restarts": 4})
     rec = attack_cls(params).reconstruct(observation, seed=0)
     truth = observation.normalization.to_pixels(x)
@@ -133,7 +133,7 @@ def test_two_epochs_of_sgd_leak_more_to_fedavg_leakage_than_to_unrolled_dlg() ->
 def test_the_portfolio_budgets_it_and_refuses_clients_beyond_the_measured_reach() -> None:
     scenario = parse_table(Scenario, {"audit": {"threat-model": "update"}}, "")
 
-    assert budget("fedavg-leakage", scenario) == {"steps": 40, "restarts": 2}
+    assert budget("fedavg-leakage", scenario) == {"steps": 60, "restarts": 4}
     assert reconstruction_refusal(RECONSTRUCTION_REACH) is None
     line = reconstruction_refusal(RECONSTRUCTION_REACH + 1)
     assert line is not None and f"({RECONSTRUCTION_REACH} images" in line
