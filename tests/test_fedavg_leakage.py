@@ -116,7 +116,7 @@ def _recovered(name: str, observation: Observation, x: torch.Tensor, y: torch.Te
 
 
 # Slow: every objective evaluation replays 4 local steps with second-order autograd, for
-# 60 L-BFGS steps x 20 evaluations x 4 restarts x 2 attacks (seen: 7 min at load 8 on 2 cores).
+# 60 L-BFGS steps x 20 evaluations x 4 restarts x 2 attacks (seen: 76 s at load 2.5, 7 min at 8).
 @pytest.mark.slow
 def test_two_epochs_of_sgd_leak_more_to_fedavg_leakage_than_to_unrolled_dlg() -> None:
     # Two digits, one per step, two epochs reshuffled by the client's private seed.
