@@ -277,11 +277,19 @@ def test_auto_picks_only_the_attacks_that_fit() -> None:
     fedcg = _resolved("audit-fedcg.toml", 'audit.attacks="auto"')
 
     assert {"inverting-gradients", "dlg", "sapag", "grnn"} <= set(probe)
-    assert not {"unrolled-dlg", "aligned-dlg"} & set(probe)  # a probe is no update
+    assert not {"unrolled-dlg", "aligned-dlg", "fedavg-leakage"} & set(probe)  # no update
     assert "unrolled-dlg" in fedsgd and "aligned-dlg" not in fedsgd  # SGD updates replay
+    assert "fedavg-leakage" in fedsgd
     assert "aligned-dlg" in fedcg  # FedCG uploads the generator it aligns with
     adam = _resolved("audit-fedavg.toml", 'audit.attacks="auto"', 'client.optimizer="adam"')
-    assert "unrolled-dlg" not in adam
+    assert {"unrolled-dlg", "fedavg-leakage"} <= set(adam)  # a fresh Adam state replays
+    kept = _resolved(
+        "audit-fedavg.toml",
+        'audit.attacks="auto"',
+        'client.optimizer="adam"',
+        'client.optimizer-state="kept"',
+    )
+    assert not {"unrolled-dlg", "fedavg-leakage"} & set(kept)  # a private state does not
 
 
 def test_auto_is_the_default_and_an_explicit_list_runs_as_given() -> None:

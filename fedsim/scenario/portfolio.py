@@ -51,12 +51,29 @@ _MEASURED: dict[str, dict[str, int]] = {
     "lenet5-split": {"inverting-gradients": 250, "dlg": 10, "sapag": 100, "grnn": 1000},
     "lenet-zhu": {"inverting-gradients": 2000, "dlg": 100, "sapag": 25, "grnn": 1000},
 }
-# Models not measured take the larger of the measured caps; ResNet-18 was not measured
-# on these 2 cores (one IG step there costs about 0.5 s): its caps only bound the cost.
+# fedavg-leakage replays every local step per objective evaluation: its budget, whatever the
+# model, is the smallest at which tests/test_fedavg_leakage.py saw an image of a 2-epoch SGD
+# client recovered at 20 dB (60 L-BFGS steps x 4 restarts; 40 x 2 recovered none there).
+_REPLAYED = {"fedavg-leakage": {"steps": 60, "restarts": 4}}
 _UNMEASURED = {"inverting-gradients": 2000, "dlg": 100, "sapag": 100, "grnn": 1000}
 _RESNET = {"inverting-gradients": 1000, "dlg": 50, "sapag": 50, "grnn": 500}
 _RESTARTS = {"grnn": 1}  # the others: 2 (restarts are batched; GRNN's run one after another)
-_LIKE_DLG = ("unrolled-dlg", "aligned-dlg", "fedavg-leakage")  # DLG's optimiser (L-BFGS)
+_LIKE_DLG = ("unrolled-dlg", "aligned-dlg")  # DLG's optimiser and objective scale
+
+RECONSTRUCTION_REACH = 5
+"""The largest client (in images) from whose update an image was recovered at 20 dB: 3 of 10
+Fashion-MNIST images at 5 per client; none at 10 (bench/fedavg_leakage.py,
+docs/attacks.md#reach-on-real-multi-step-updates)."""
+
+
+def reconstruction_refusal(images: int) -> str | None:
+    """One line refusing reconstruction from an update on ``images`` images beyond the reach."""
+    if images <= RECONSTRUCTION_REACH:
+        return None
+    return (
+        f"trained on {images} images: beyond the measured reach of reconstruction from updates "
+        f"({RECONSTRUCTION_REACH} images, docs/attacks.md#reach-on-real-multi-step-updates)"
+    )
 
 
 def replays_updates(scenario: Scenario) -> bool:
@@ -69,6 +86,8 @@ def budget(name: str, scenario: Scenario) -> dict[str, Any]:
     """The portfolio's parameters for attack ``name`` in ``scenario``."""
     model = scenario.model.name
     caps = _RESNET if model.startswith("resnet") else _MEASURED.get(model, _UNMEASURED)
+    if name in _REPLAYED:
+        return dict(_REPLAYED[name])
     optimised = "dlg" if name in _LIKE_DLG else name
     if optimised not in caps:
         return {}  # a closed-form attack: nothing to budget
