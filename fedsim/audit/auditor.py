@@ -42,7 +42,7 @@ from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.attacks.base import Observation, ThreatModel
-from fedsim.attacks.leakage import LeakInput, PublicData
+from fedsim.attacks.leakage import LeakInput, PublicData, RepresentativesLeak
 from fedsim.audit.candidates import AuditPool, draw_candidates
 from fedsim.audit.leak_scoring import LeakTruth
 from fedsim.audit.observe import (
@@ -192,7 +192,8 @@ class Auditor:
                 if r.partition in chosen or every
             }
             self._submit_leaks(server_round, chosen, seen)
-            victims = self._reachable([seen[p] for p in chosen])
+            victims = [seen[p] for p in chosen]
+            self._note_unreachable(victims)
             self._submit_attacks(server_round, self.attacks, victims)
         if server_round in self.cfg.probe_rounds and self.cfg.threat_model != "probe":
             probed = [self._victim(intercepted, intercepted.reply(p), "probe") for p in chosen]
@@ -216,19 +217,25 @@ class Auditor:
         observation = self.view.observe(intercepted, reply, threat, probe)
         return _Victim(reply.partition, observation, truth)
 
-    def _reachable(self, victims: list[_Victim]) -> list[_Victim]:
-        """The victims whose update a reconstruction can reach (``audit.max-images``)."""
-        limit = self.cfg.max_images
-        beyond = [v for v in victims if v.observation.num_examples > limit]
+    def _reach(self, attack: Resolved) -> int:
+        """The most images an update ``attack`` is run on may hold: a closed-form attack's
+        own exact limit, else ``audit.max-images`` (reconstruction's measured reach)."""
+        return attack.cls.max_batch if runs_in_driver(attack) else self.cfg.max_images
+
+    def _note_unreachable(self, victims: list[_Victim]) -> None:
+        """One line naming the victims beyond every attack's reach this round."""
+        reach = max((self._reach(a) for a in self.attacks), default=0)
+        beyond = [v for v in victims if v.observation.num_examples > reach]
         if beyond and self.attacks:
             sizes = ", ".join(f"{v.client} ({v.observation.num_examples})" for v in beyond)
             self.console.print(
                 f"  audit round {beyond[0].observation.round}: no reconstruction for client(s) "
-                f"{sizes}: updates computed on more than audit.max-images = {limit} images"
+                f"{sizes}: updates computed on more than audit.max-images = "
+                f"{self.cfg.max_images} images (the measured reach: "
+                "docs/attacks.md#reach-on-real-multi-step-updates)"
                 + (" (their other kinds of leak are analysed)" if self.leaks else ""),
                 markup=False,
             )
-        return [v for v in victims if v.observation.num_examples <= limit]
 
     # -- submitting ----------------------------------------------------------------------
 
@@ -270,9 +277,10 @@ class Auditor:
         victims: list[_Victim],
         counterfactual: bool = False,
     ) -> None:
-        tasks = min(len(victims), self.cfg.workers)
         for attack in attacks:
-            seen = [_as_seen_by(attack, victim) for victim in victims]
+            reach = self._reach(attack)
+            seen = [_as_seen_by(attack, v) for v in victims if v.observation.num_examples <= reach]
+            tasks = min(len(seen), self.cfg.workers)
             for first in range(tasks):
                 self._submit(_Job(server_round, attack, seen[first::tasks], counterfactual))
 
@@ -359,13 +367,9 @@ class Auditor:
         wall = time.perf_counter() - job.submitted
         for victim, result in zip(job.victims, results, strict=True):
             if isinstance(victim, _Analysed):
-                self.log.leak(
-                    job.component,
-                    victim.inputs.observation,
-                    result,
-                    victim.truth,
-                    victim.candidates,
-                )
+                observation = victim.inputs.observation
+                truth = self._with_features(observation, result, victim.truth)
+                self.log.leak(job.component, observation, result, truth, victim.candidates)
                 continue
             share = DeviceUse(use.device, use.gpu_seconds / len(results), use.peak_gpu_mb)
             run = TaskRun(self._seed(job.round), share, wall)
@@ -378,6 +382,25 @@ class Auditor:
                 run,
                 job.counterfactual,
             )
+
+    def _with_features(
+        self, observation: Observation, leak: Any, truth: LeakTruth | None
+    ) -> LeakTruth | None:
+        """For representatives read in feature space (a private extractor), the client's
+        own features of its examples at the layer read: what the scorer compares with."""
+        if not isinstance(leak, RepresentativesLeak) or leak.images is not None:
+            return truth
+        if truth is None or self.truth is None or "layer" not in leak.details:
+            return truth
+        sent = ArrayRecord({**observation.global_params, **observation.extra_sent})
+        features = self.truth.layer_inputs(
+            observation.client_id,
+            observation.round,
+            observation.train_config,
+            sent,
+            str(leak.details["layer"]),
+        )
+        return replace(truth, features=features)
 
     def _wait(self, server_round: int | None) -> None:
         """Collect ``server_round``'s work (``None``: all), printing what still runs

@@ -34,6 +34,9 @@ from fedsim.core.components import Resolved
 from fedsim.core.models import build_model
 from fedsim.core.truth import GroundTruth
 
+REPLAYING = ("unrolled-dlg", "fedavg-leakage")
+"""Attacks that replay the client's local steps (whatever ``unroll`` says)."""
+
 MATCHED = 1e-4
 """Residuals at or below this count as an exact model (float32 rounding is ~1e-7..1e-6)."""
 
@@ -79,7 +82,7 @@ def residual_note(
         return ""
     cfg = observation.train_config
     steps = local_steps_taken(observation)
-    unrolls = getattr(attack.params, "unroll", False) or attack.name == "unrolled-dlg"
+    unrolls = getattr(attack.params, "unroll", False) or attack.name in REPLAYING
     model = build_model(observation.model, observation.input_spec)
     if any(n not in observation.global_params for n, _ in model.named_parameters()):
         return "private layers (an extractor): the attack uses a random estimate of them"
@@ -96,5 +99,5 @@ def residual_note(
         return "BatchNorm statistics unknown to the attacker"
     return (
         "the upload is not the modelled client's plain training: a client-side "
-        "defence (noise, clipping, DP-SGD) or an unreplayed optimiser changed it"
+        "defence (noise, clipping, DP-SGD) or a private optimiser state changed it"
     )

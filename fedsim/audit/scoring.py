@@ -72,6 +72,7 @@ def score_attack(
         iterations=rec.iterations,
         steps_taken=rec.steps_taken,
         converged=rec.converged,
+        stop_reason=str(rec.details.get("stop_reason", "")),
         restarts=rec.restarts,
         diverged_restarts=int(rec.details.get("diverged_restarts", 0)),
         final_objective=rec.final_objective,

@@ -74,3 +74,27 @@ class ClientReplay:
         # What the client shares is its gradient after its own defences.
         gradient = protect_probe(self.scenario, gradient, len(local), server_round, partition)
         return gradient, self._truth(env, local)
+
+    def layer_inputs(
+        self,
+        partition: int,
+        server_round: int,
+        config: ClientConfig,
+        sent: ArrayRecord,
+        layer: str,
+    ) -> torch.Tensor:
+        """The input of module ``layer`` of the client's own model (private extractor from
+        its state) for each example of :meth:`update_batch`, one flattened row each."""
+        env = self._env(partition)
+        local = self._used_indices(env, server_round, config)
+        images, _ = env.train_data
+        model = self.routine.build(env, sent).cpu().eval()
+        captured: list[torch.Tensor] = []
+        module = dict(model.named_modules())[layer]
+        hook = module.register_forward_pre_hook(lambda _, args: captured.append(args[0]))
+        try:
+            with torch.no_grad():
+                model(images[local])
+        finally:
+            hook.remove()
+        return captured[0].detach().flatten(1)

@@ -226,6 +226,9 @@ class AuditRecord:
     device: str = "cpu"  # where the attack ran ("cpu" or the GPU's name)
     gpu_seconds: float = 0.0  # its share of the task's time holding a GPU
     peak_gpu_mb: float = 0.0  # the task's peak GPU memory (MiB)
+    # Why the kept restart stopped (attacks.convergence): converged, stalled-at-failure,
+    # still-improving, diverged; "" for an attack that does not say (a closed form).
+    stop_reason: str = ""
     # A probe attacked in an update audit (audit.probe-rounds): what one batch's gradient
     # would give, which the server never receives. Kept out of the round's verdict.
     counterfactual: bool = False

@@ -48,6 +48,18 @@ class TruthSource(Protocol):
         would share it (defences applied), and that batch."""
         ...
 
+    def layer_inputs(
+        self,
+        partition: int,
+        server_round: int,
+        config: ClientConfig,
+        sent: ArrayRecord,
+        layer: str,
+    ) -> torch.Tensor:
+        """The input of module ``layer`` of the client's own model (its private layers
+        included) for each example of :meth:`update_batch`, one flattened row each."""
+        ...
+
 
 def probe_gradient(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, names: Iterable[str]
