@@ -76,7 +76,11 @@ CHANGES: dict[str, dict[str, Any]] = {
     "IID": {"data.partitioner": {"name": "iid"}},
     "Dirichlet 0.1": {"data.partitioner": {"name": "dirichlet", "alpha": 0.1}},
     "50 images": {"data.samples-per-client": 50},
-    "800 images": {"data.samples-per-client": 800, "federation.num-clients": 4},
+    "800 images": {
+        "data.samples-per-client": 800,
+        "federation.num-clients": 4,
+        "federation.clients-per-round": 4,
+    },
     "1 epoch": {"client.local-epochs": 1},
     "5 epochs": {"client.local-epochs": 5},
     "SGD lr 0.05": {"client.optimizer": "sgd", "client.lr": 0.05},
@@ -210,12 +214,14 @@ def overhead(pairs: int) -> None:
     from rich.console import Console
 
     from fedsim.core.config import load_scenario
+    from fedsim.scenario.validate import check_components
     from fedsim.simulation.runner import run_scenario
 
-    kinds = ("labels", "membership")
-    names = [n for n in LEAKS.names() if LEAKS.get(n).in_auto and LEAKS.get(n).kind in kinds]
-    leaks = "[" + ", ".join(f"{{name='{n}'}}" for n in names) + "]"
     quickstart = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.toml"
+    # The labels and membership analyses "auto" runs on the quickstart (those that apply).
+    plan = check_components(load_scenario(quickstart)).audit
+    names = [a.name for a in plan.leaks if a.cls.kind in ("labels", "membership")]
+    leaks = "[" + ", ".join(f"{{name='{n}'}}" for n in names) + "]"
     ways = {
         "unaudited": ["audit.enabled=false"],
         "labels+membership": ["audit.attacks=[]", f"audit.leaks={leaks}", "audit.probe-rounds=[]"],

@@ -239,7 +239,7 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
         "subtitle": str(run_dir),
         "overview": _overview(run_dir, metrics),
         "curves": data_uri(figure_png(curves_figure(metrics))) if len(metrics) else "",
-        "audited": not audit.empty,
+        "reconstructed": not audit.empty,
         "leaks_audited": not leaks.empty,
         "plan": _plan_files(run_dir),
         "scenario": scenario,
@@ -252,11 +252,10 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
         context.update(
             leak_rounds=table.rows, leak_round_columns=table.columns, **leak_context(run_dir, leaks)
         )
-    if not audit.empty:
-        attacked = verdicts[verdicts["attacks"] > 0]
+    attacked = verdicts[verdicts["attacks"] > 0] if not verdicts.empty else verdicts
+    context["audited"] = not attacked.empty  # a verdict on what the server received
+    if not attacked.empty:
         rounds = round_verdict_table(attacked, audit_seed(run_dir), success_psnr)
-        summary = attack_summary_table(audit, success_psnr)
-        columns = [Column(AuditRecord.column(f), AuditRecord.column(f)) for f in AUDIT_ROW_FIELDS]
         context.update(
             verdict_curves=data_uri(
                 figure_png(verdict_figure(pd.DataFrame(rounds.raw), audit, success_psnr))
@@ -265,6 +264,11 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
             verdict_round_columns=rounds.table.columns,
             verdict_victims=formatted_rows(attacked.to_dict("records"), {}),
             verdict_victim_columns=VERDICT_VICTIM_COLUMNS,
+        )
+    if not audit.empty:  # reconstructions, the counterfactual probe's included
+        summary = attack_summary_table(audit, success_psnr)
+        columns = [Column(AuditRecord.column(f), AuditRecord.column(f)) for f in AUDIT_ROW_FIELDS]
+        context.update(
             audit_curves=data_uri(figure_png(audit_curves_figure(audit, success_psnr))),
             audit_summary=summary.rows,
             audit_summary_columns=summary.columns,

@@ -79,7 +79,9 @@ TEMPLATES: dict[str, str] = {
 <p>pick-*: the reconstruction the attacker would choose without the truth (the attack whose reconstruction best reproduces the intercepted gradient, lowest residual).</p>
 {{ m.table(verdict_victims, verdict_victim_columns) }}
 </section>
+{% endif %}
 
+{% if reconstructed %}
 <section id="audit-curves">
 <h2>Single attacks per round</h2>
 {{ m.image(audit_curves, "audit PSNR, SSIM and label accuracy per round",
