@@ -92,11 +92,24 @@ def reference_run(root: Path) -> Path:
     return out
 
 
+def rows(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's metrics (without wall seconds) and per-client rows."""
+    metrics = pd.read_csv(run_dir / METRICS_FILE).drop(columns="seconds")
+    return metrics, pd.read_csv(run_dir / CLIENTS_FILE)
+
+
 def outcome(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, torch.Tensor]]:
     """A run's metrics (without wall seconds), per-client rows and final model."""
-    metrics = pd.read_csv(run_dir / METRICS_FILE).drop(columns="seconds")
-    clients = pd.read_csv(run_dir / CLIENTS_FILE)
-    return metrics, clients, torch.load(run_dir / MODEL_FILE, weights_only=True)
+    return *rows(run_dir), torch.load(run_dir / MODEL_FILE, weights_only=True)
+
+
+def rounds_until(run_dir: Path, last_round: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's metrics (without wall seconds) and per-client rows up to ``last_round``."""
+    metrics, clients = rows(run_dir)
+    return (
+        metrics[metrics["round"] <= last_round].reset_index(drop=True),
+        clients[clients["round"] <= last_round].reset_index(drop=True),
+    )
 
 
 def assert_same_outcome(a: Path, b: Path) -> None:
@@ -126,6 +139,8 @@ def _group_alive(pgid: int) -> bool:
 def test_run_killed_after_round_2_resumes_to_the_same_metrics(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
+    # Also the determinism check: the killed run is a second run of the reference's
+    # scenario and seed, so its rounds before the kill repeat the reference's exactly.
     reference = reference_run(tmp_path_factory.getbasetemp())
     run = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -146,6 +161,9 @@ def test_run_killed_after_round_2_resumes_to_the_same_metrics(
     assert not _group_alive(proc.pid)
     assert killed_after < 4
     assert not (run / MODEL_FILE).exists()
+    ours, theirs = rounds_until(run, killed_after), rounds_until(reference, killed_after)
+    for run_rows, reference_rows in zip(ours, theirs, strict=True):
+        pd.testing.assert_frame_equal(run_rows, reference_rows, check_exact=True)
     scenario, checkpoint = open_resume(run)
     assert checkpoint.round == killed_after
     run_scenario(scenario, resume=checkpoint, console=QUIET)

@@ -238,6 +238,9 @@ class RaySession:
 
     run_dir: Path | None = None
     scan: Callable[[int], dict[int, int]] = ray_descendants
+    # Kill the recorded processes as soon as the driver dies (start_reaper); a sweep's
+    # child runs are not: they stop at their round end by themselves, checkpointed.
+    reap_on_death: bool = True
     path: Path = field(init=False)
     processes: dict[int, int] = field(default_factory=dict)
     _done: threading.Event = field(default_factory=threading.Event)
@@ -282,13 +285,14 @@ class RaySession:
     def watching(self) -> Iterator[RaySession]:
         self._thread = threading.Thread(target=self._record_loop, daemon=True)
         self._thread.start()
-        reaper = start_reaper()
+        reaper = start_reaper() if self.reap_on_death else None
         try:
             yield self
         finally:
             self.kill_remaining()
-            with suppress(subprocess.TimeoutExpired):  # closing its stdin ends it
-                reaper.communicate(timeout=REAP_TIMEOUT)
+            if reaper is not None:
+                with suppress(subprocess.TimeoutExpired):  # closing its stdin ends it
+                    reaper.communicate(timeout=REAP_TIMEOUT)
 
 
 def start_reaper() -> subprocess.Popen[bytes]:

@@ -237,7 +237,9 @@ def run_parallel(
     """
     children = run.children if isinstance(run, SubprocessRuns) else ChildRuns()
     pool = ThreadPoolExecutor(parallel)
-    with RaySession(scan=children.processes).watching():
+    # A killed sweep's child runs stop at their round end (SIGTERM from the kernel);
+    # each run's own reaper takes its Ray processes.
+    with RaySession(scan=children.processes, reap_on_death=False).watching():
         try:
             list(pool.map(one, todo))
         except KeyboardInterrupt:
