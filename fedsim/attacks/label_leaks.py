@@ -42,6 +42,7 @@ the same clients, at 1.4-2.3 s of shadow training per round, on a setup since fo
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,7 +60,7 @@ from fedsim.attacks.analytic import (
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.gradients import batch_gradient, victim_model
 from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, last_layer_gradient
-from fedsim.attacks.leakage import LEAKS, LabelLeak, LeakAnalysis, LeakInput, PublicData
+from fedsim.attacks.leakage import LEAKS, LabelLeak, Leak, LeakAnalysis, LeakInput, PublicData
 from fedsim.core.config import require
 from fedsim.core.seeds import SeedStream, derive_seed
 
@@ -272,16 +273,26 @@ class LogitShift(LeakAnalysis):
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> LabelLeak:
         """Counts from the softmax of the mean logit shift over the public images."""
+        return self._analyse(inputs, seed, {})
+
+    def analyse_many(self, inputs: Sequence[LeakInput], seed: int = 0) -> list[Leak]:
+        """A round's clients share the sent model: its mean logits are computed once."""
+        sent_means: dict[int, torch.Tensor] = {}
+        return [self._analyse(one, seed, sent_means) for one in inputs]
+
+    def _analyse(
+        self, inputs: LeakInput, seed: int, sent_means: dict[int, torch.Tensor]
+    ) -> LabelLeak:
         start = time.perf_counter()
         observation = inputs.observation
         model, sent = victim_model(observation, self.device, seed)
         uploaded_model = {**sent, **{n: v.to(self.device) for n, v in observation.shared.items()}}
         images = inputs.public.images.to(self.device)
         with torch.no_grad():
-            shift = (
-                functional_call(model, uploaded_model, (images,))
-                - functional_call(model, sent, (images,))
-            ).mean(dim=0)
+            if observation.round not in sent_means:
+                sent_means[observation.round] = functional_call(model, sent, (images,)).mean(0)
+            uploaded = functional_call(model, uploaded_model, (images,)).mean(dim=0)
+            shift = uploaded - sent_means[observation.round]
         logits = self.params.temperature * shift.double().cpu()
         if self.params.support == "negative-rows":
             present = output_row_sums(observation, self.device).cpu() < 0

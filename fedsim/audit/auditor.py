@@ -231,9 +231,9 @@ class Auditor:
             self.console.print(
                 f"  audit round {beyond[0].observation.round}: no reconstruction for client(s) "
                 f"{sizes}: updates computed on more than audit.max-images = "
-                f"{self.cfg.max_images} images (the measured reach: "
-                "docs/attacks.md#reach-on-real-multi-step-updates)"
-                + (" (their other kinds of leak are analysed)" if self.leaks else ""),
+                f"{self.cfg.max_images} images, the measured reach "
+                "(docs/attacks.md#reach-on-real-multi-step-updates)"
+                + ("; their other kinds of leak are analysed" if self.leaks else ""),
                 markup=False,
             )
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from fedsim.core.metrics import Interval, psnr_from_mse, ssim
@@ -116,10 +117,9 @@ def score_membership(
     rng = np.random.default_rng(seed)
     pos_b = pos[rng.integers(0, len(pos), (resamples, len(pos)))]
     neg_b = neg[rng.integers(0, len(neg), (resamples, len(neg)))]
-    # AUC of each resample from its pairwise comparisons (ties count one half).
-    wins = (pos_b[:, :, None] > neg_b[:, None, :]).mean(axis=(1, 2))
-    ties = (pos_b[:, :, None] == neg_b[:, None, :]).mean(axis=(1, 2))
-    auc_b = wins + 0.5 * ties
+    # AUC of each resample from its ranks (Mann-Whitney; ties count one half).
+    ranks = rankdata(np.concatenate([pos_b, neg_b], axis=1), axis=1)[:, : len(pos)]
+    auc_b = (ranks.sum(axis=1) - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
     tpr_at = {}
     for fpr in LOW_FPRS:
         point = float(tprs[fprs <= fpr].max()) if (fprs <= fpr).any() else 0.0
