@@ -6,7 +6,7 @@ if [ "$HAS_CUDA" = 1 ]; then
   dir="$OUT/leaks"
   start=$(now)
   if timeout "$(limit 240)" "$PY" -m fedsim.cli run quickstart --set federation.rounds=2 \
-      --set backend.num-gpus=0.25 --set audit.num-gpus=0.5 --out "$dir" > "$dir.log" 2>&1; then
+      --set backend.num-gpus=0.25 --set audit.num-gpus=0.25 --out "$dir" > "$dir.log" 2>&1; then
     wall=$(calc "$(now) - $start")
     kinds=$(csv "$dir/leaks.csv" "' '.join(f'{k}:{n}' for k, n in d.groupby('kind').size().items())")
     row "leaks cuda" ok "$(printf '%.0f s wall (2 rounds); rows %s; %s' "$wall" "$kinds" \
