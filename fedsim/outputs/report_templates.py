@@ -116,7 +116,7 @@ TEMPLATES: dict[str, str] = {
 {% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
   "Membership ROC per round on log axes (a line per client and analysis; dashed: chance). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
 {% if label_histograms %}{{ m.image(label_histograms, "estimated against true label histograms",
-  "Examples per class: estimated (bars) against true (outline), each client's strongest label analysis.") }}{% endif %}
+  "Examples per class in the last audited round: estimated (bars) against true (outline), each client's strongest label analysis; every round's in leaks.csv.") }}{% endif %}
 {% if representatives %}<h3>Class representatives</h3>
 {% for grid in representatives %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}{% endif %}
 </section>
