@@ -167,3 +167,19 @@ def test_no_leak_analyses_runs_the_attacks_alone() -> None:
     )
     assert components.audit.leaks == () and components.attacks
     assert np.all([a.name for a in components.attacks])
+
+
+def test_a_listed_analysis_that_cannot_apply_is_refused_before_any_work() -> None:
+    from fedsim.scenario.validate import check_components
+
+    # FedSplit uploads the classifier only: no whole-model update for membership.
+    fedsplit = ["strategy.name=fedsplit", "audit.leaks=[{name='loss-drop'}]"]
+    with pytest.raises(ScenarioError, match=r"audit\.leaks\[0\]") as caught:
+        check_components(load_scenario(REPO / "scenarios" / "quickstart.toml", fedsplit))
+    assert "\n" not in str(caught.value)
+    # "auto" leaves it out there and keeps what applies.
+    auto = check_components(
+        load_scenario(REPO / "scenarios" / "quickstart.toml", ["strategy.name=fedsplit"])
+    )
+    assert "loss-drop" not in [a.name for a in auto.audit.leaks]
+    assert "llg" in [a.name for a in auto.audit.leaks]
