@@ -30,7 +30,7 @@ from fedsim.outputs.run_folder import (
     truth_image_name,
 )
 
-MAX_PANELS = 5  # rounds drawn per figure: the first ones, then evenly spaced to the last
+MAX_PANELS = 3  # ROC panels: the first audited round, then evenly spaced to the last
 MAX_CLIENTS = 4  # clients per round in the label figure
 
 

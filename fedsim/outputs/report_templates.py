@@ -114,7 +114,7 @@ TEMPLATES: dict[str, str] = {
 <p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data.</p>
 {{ m.table(leak_rounds, leak_round_columns) }}
 {% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
-  "Membership ROC per round on log axes (a line per client and analysis; dashed: chance). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
+  "Membership ROC on log axes, the first, a middle and the last audited round (a line per client and analysis; dashed: chance; every score in membership.csv). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
 {% if label_histograms %}{{ m.image(label_histograms, "estimated against true label histograms",
   "Examples per class in the last audited round: estimated (bars) against true (outline), each client's strongest label analysis; every round's in leaks.csv.") }}{% endif %}
 {% if representatives %}<h3>Class representatives</h3>
