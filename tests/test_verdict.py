@@ -272,7 +272,7 @@ def _resolved(path: str, *overrides: str) -> list[str]:
 
 
 def test_auto_picks_only_the_attacks_that_fit() -> None:
-    probe = _resolved("quickstart.toml")
+    probe = _resolved("quickstart.toml", 'audit.threat-model="probe"')
     fedsgd = _resolved("audit-fedavg.toml", 'audit.attacks="auto"')
     fedcg = _resolved("audit-fedcg.toml", 'audit.attacks="auto"')
 
