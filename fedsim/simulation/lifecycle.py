@@ -261,6 +261,7 @@ class RaySession:
                 "driver": [os.getpid(), driver[1] if driver else 0],
                 "group-leader": os.getpgrp() == os.getpid(),
                 "run-dir": str(self.run_dir or ""),
+                "reap": self.reap_on_death,
                 "processes": {str(pid): start for pid, start in self.processes.items()},
             }
             SESSION_DIR.mkdir(parents=True, exist_ok=True)
@@ -328,6 +329,11 @@ def _orphans(record: dict[str, Any]) -> dict[int, int] | None:
     alive = proc_stat(driver_pid)
     if alive is not None and alive[1] == driver_start:
         return None  # a run still going
+    if not record.get("reap", True):
+        # A killed sweep's child runs stop at their round end by themselves (and each
+        # run's own reaper takes its Ray processes): reaping them here killed one still
+        # stopping as soon as its sibling's reaper ran.
+        return {}
     processes = {int(pid): start for pid, start in record["processes"].items()}
     # A group's number is never given to a new process while a member lives: with
     # no process of that pid, the group's members are the driver's.
