@@ -21,11 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 RUN_SECTIONS = [
     "overview",
     "curves",
+    "audit-leaks",
     "audit-verdict",
     "audit-curves",
     "audit-table",
     "reconstructions",
-    "audit-leaks",
     "plan",
 ]
 RUN_SECTIONS += ["scenario"]
@@ -68,20 +68,21 @@ def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) ->
         sweep = _state(page, tmp_path / "sweep" / REPORT_FILE, tmp_path / "sweep-report.png")
 
     assert run["sections"] == RUN_SECTIONS
-    # curves, the verdict, audit curves, per audited round the truth and DLG's tile in the
-    # reconstruction table, the ROC curves, the label histograms, then one representatives
-    # grid per audited round
+    # curves; what the updates leak: the ROC curves, the label histograms, one representatives
+    # grid per audited round; the verdict, audit curves, then per audited round the truth and
+    # DLG's tile in the reconstruction table
     alts = [alt for alt, _, _ in run["images"]]
     assert alts[:3] == [
         "accuracy and loss per round",
-        "audit verdict per round",
-        "audit PSNR, SSIM and label accuracy per round",
+        "membership ROC curves",
+        "estimated against true label histograms",
     ]
-    assert alts[3:7] == ["truth", "reconstruction"] * 2
-    assert alts[7:9] == ["membership ROC curves", "estimated against true label histograms"]
-    assert [a.split("-client-")[0] for a in alts[9:]] == ["round-001", "round-002"]
+    assert [a.split("-client-")[0] for a in alts[3:5]] == ["round-001", "round-002"]
+    assert alts[5:7] == ["audit verdict per round", "audit PSNR, SSIM and label accuracy per round"]
+    assert alts[7:] == ["truth", "reconstruction"] * 2
     assert all(width > 0 and height > 0 for _, width, height in run["images"])
-    assert run["headings"][-4:] == ["Round 1", "Round 2", "Class representatives", RESOURCES_FILE]
+    assert run["headings"][0] == "Class representatives"
+    assert run["headings"][-3:] == ["Round 1", "Round 2", RESOURCES_FILE]
     # per round: DLG's labelled grid and its tile, the truth, the representatives' grid
     assert len(list((run_dir / AUDIT_IMAGES).glob("*.png"))) == 2 * 4
     assert sweep["sections"] == SWEEP_SECTIONS

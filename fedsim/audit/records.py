@@ -29,7 +29,7 @@ from fedsim.attacks.leakage import Leak, MembershipLeak, RepresentativesLeak
 from fedsim.audit.leak_scoring import LeakTruth, score_leak
 from fedsim.audit.scoring import TaskRun, score_attack
 from fedsim.core.components import Resolved
-from fedsim.core.metrics import psnr_from_mse
+from fedsim.core.metrics import psnr_from_mse, ssim
 from fedsim.core.protocol import AuditRecord, LeakRecord
 from fedsim.core.truth import GroundTruth
 from fedsim.outputs.figures import Pair, draw_pairs, scored_pairs
@@ -177,8 +177,10 @@ class AuditLog:
             mean = torch.zeros_like(image)
             if truth is not None and bool((truth.trained.labels == cls).any()):
                 mean = truth.trained.images[truth.trained.labels == cls].float().mean(dim=0)
-            psnr = psnr_from_mse(float((image.clamp(0, 1) - mean).square().mean()))
-            pairs.append(Pair(mean, image.clamp(0, 1), psnr, float("nan"), cls, cls))
+            shown = image.clamp(0, 1)
+            psnr = psnr_from_mse(float((shown - mean).square().mean()))
+            similar = ssim(shown.double().numpy(), mean.double().numpy())
+            pairs.append(Pair(mean, shown, psnr, similar, cls, cls))
         draw_pairs(
             self._image(observation.round, observation.client_id, label),
             pairs,

@@ -68,6 +68,20 @@ TEMPLATES: dict[str, str] = {
 {% else %}<p>No finished round yet.</p>{% endif %}
 </section>
 
+{% if leaks_audited %}
+<section id="audit-leaks">
+<h2>Privacy audit: labels, membership, class representatives</h2>
+<p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data.</p>
+{{ m.table(leak_rounds, leak_round_columns) }}
+{% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
+  "Membership ROC on log axes, the first, a middle and the last audited round (a line per client and analysis; dashed: chance; every score in membership.csv). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
+{% if label_histograms %}{{ m.image(label_histograms, "estimated against true label histograms",
+  "Examples per class in the last audited round: estimated (bars) against true (outline), each client's strongest label analysis; every round's in leaks.csv.") }}{% endif %}
+{% if representatives %}<h3>Class representatives</h3>
+{% for grid in representatives %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}{% endif %}
+</section>
+{% endif %}
+
 {% if audited %}
 <section id="audit-verdict">
 <h2>Privacy audit: the verdict per round</h2>
@@ -108,19 +122,6 @@ TEMPLATES: dict[str, str] = {
 </section>
 {% endif %}
 
-{% if leaks_audited %}
-<section id="audit-leaks">
-<h2>Privacy audit: labels, membership, class representatives</h2>
-<p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data.</p>
-{{ m.table(leak_rounds, leak_round_columns) }}
-{% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
-  "Membership ROC on log axes, the first, a middle and the last audited round (a line per client and analysis; dashed: chance; every score in membership.csv). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
-{% if label_histograms %}{{ m.image(label_histograms, "estimated against true label histograms",
-  "Examples per class in the last audited round: estimated (bars) against true (outline), each client's strongest label analysis; every round's in leaks.csv.") }}{% endif %}
-{% if representatives %}<h3>Class representatives</h3>
-{% for grid in representatives %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}{% endif %}
-</section>
-{% endif %}
 
 {% if plan %}
 <section id="plan">
