@@ -55,3 +55,13 @@ def wait_for_ray_start(process: subprocess.Popen[str]) -> None:
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "Ray did not start in 300 s"
         time.sleep(0.05)
+
+
+def ray_driver_log(pid: int, lines: int = 15) -> str:
+    """The last ``lines`` of Ray's core-driver log of the driver ``pid`` (Ray writes one
+    per driver, named by its pid): why Ray ended a driver, should it have."""
+    logs = sorted(Path("/tmp/ray").glob(f"session_*/logs/python-core-driver-*_{pid}.log"))
+    if not logs:
+        return f"(no Ray driver log for pid {pid})"
+    tail = logs[-1].read_text(errors="replace").splitlines()[-lines:]
+    return f"{logs[-1]}:\n" + "\n".join(tail)

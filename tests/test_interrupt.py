@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import tomli_w
 from flwr.app import ArrayRecord
-from processes import fedsim, in_session, left, wait_for_ray_start
+from processes import fedsim, in_session, left, ray_driver_log, wait_for_ray_start
 
 from fedsim.cli import main as cli_main
 from fedsim.core.protocol import RoundRecord
@@ -229,7 +229,8 @@ def test_a_parallel_sweep_killed_or_interrupted_leaves_nothing_and_continues(
         assert not left(child, wait=60)  # measured under 1 s
     for run_dir in run_dirs:
         log = run_dir.with_suffix(".log").read_text()
-        assert "fedsim: interrupted (SIGTERM); rounds up to" in log
+        why = "\n".join(ray_driver_log(child) for child in children)  # if a child vanished
+        assert "fedsim: interrupted (SIGTERM); rounds up to" in log, f"{log}\n{why}"
 
     # The next sweep continues both; Ctrl-C to it stops them once each, in one line.
     done = {d: _rounds_done(d) for d in run_dirs}
