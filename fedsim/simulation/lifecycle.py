@@ -187,9 +187,11 @@ class StopGuard:
     def _force(self) -> None:
         # Wait for a round's outputs to be complete, and keep the lock: none start again.
         self._writing.acquire()
-        self.on_force()
         stop = self.interrupted()
+        # Said before the clean-up: Ray's driver may end this process as soon as its
+        # raylet is killed (a forced child run of a sweep once ended without its line).
         print(f"fedsim: {stop}", file=sys.stderr, flush=True)
+        self.on_force()
         os._exit(stop.status)
 
     def interrupted(self) -> RunInterrupted:
