@@ -26,6 +26,7 @@ from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
 from fedsim.attacks.spear import Spear
 from fedsim.attacks.unrolled import UnrolledDLG
+from fedsim.attacks.vertices import BoxVertices
 
 __all__ = [
     "ATTACKS",
@@ -37,6 +38,7 @@ __all__ = [
     "AlignedDLG",
     "AnalyticFC",
     "Attack",
+    "BoxVertices",
     "ClassRepresentatives",
     "FedAvgLeakage",
     "GradientAlignment",

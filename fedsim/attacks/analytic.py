@@ -248,6 +248,43 @@ class AnalyticAttack(Attack):
         return one_step_residual(observation, images, labels, seed, self.device)
 
 
+class FirstLayerAttack(AnalyticAttack):
+    """An analytic attack on the first layer's weight and bias gradients, a batch at a time."""
+
+    layer_needs: ClassVar[str]  # what the first layer must be, for the refusal
+
+    @staticmethod
+    @abstractmethod
+    def first_layer(model: nn.Module) -> str | None:
+        """The first layer's module name if the attack can read it, else ``None``."""
+
+    @classmethod
+    def check_architecture(cls, setting: AttackSetting, key: str) -> None:
+        """The first layer is one :meth:`first_layer` accepts, and shared."""
+        layer = cls.first_layer(setting_model(setting))
+        require(
+            layer is not None and uploaded(f"{layer}.weight", setting.uploads),
+            f"{key}.name",
+            cls.name,
+            f"needs a shared first {cls.layer_needs}; "
+            f"model {setting.model.name!r} under strategy {setting.strategy!r} has none",
+        )
+
+    def first_layer_gradient(
+        self, observation: Observation, seed: int
+    ) -> tuple[SplitNet, dict[str, torch.Tensor], str, torch.Tensor, torch.Tensor]:
+        """The sent model, its parameters, the first layer's name and its weight and bias
+        gradients (float64), refusing observations the attack cannot read."""
+        self.check_batch(observation)
+        gradient = exact_gradient(observation, self.name)
+        model, params = victim_model(observation, self.device, seed)
+        layer = self.first_layer(model)
+        if layer is None or f"{layer}.weight" not in observation.shared:
+            raise ValueError(f"{self.name} needs the shared first {self.layer_needs}")
+        weight, bias = gradient[f"{layer}.weight"].double(), gradient[f"{layer}.bias"].double()
+        return model, params, layer, weight, bias
+
+
 @dataclass(frozen=True)
 class AnalyticFCParams:
     """``analytic-fc``'s settings.

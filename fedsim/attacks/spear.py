@@ -43,17 +43,14 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedsim.attacks.analytic import (
-    AnalyticAttack,
-    exact_gradient,
+    FirstLayerAttack,
     leaf_modules,
     linear_layers,
     one_step_residual,
     reads_image,
-    setting_model,
-    uploaded,
 )
-from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
-from fedsim.attacks.gradients import soft_cross_entropy, victim_model
+from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.gradients import soft_cross_entropy
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 from fedsim.core.seeds import SeedStream, derive_seed
@@ -213,7 +210,7 @@ def relu_consistent(
 
 
 @ATTACKS.register("spear")
-class Spear(AnalyticAttack):
+class Spear(FirstLayerAttack):
     """Exact batch recovery from a ReLU first layer's gradient (Dimitrov et al. 2024)."""
 
     Params = SpearParams
@@ -221,28 +218,13 @@ class Spear(AnalyticAttack):
     name = "spear"
     max_batch = 16
 
-    @classmethod
-    def check_architecture(cls, setting: AttackSetting, key: str) -> None:
-        """The first layer is a shared linear layer with a bias on the image, then a ReLU."""
-        layer = first_relu_layer(setting_model(setting))
-        require(
-            layer is not None and uploaded(f"{layer}.weight", setting.uploads),
-            f"{key}.name",
-            cls.name,
-            "needs a shared first linear layer with a bias on the image, followed by a ReLU; "
-            f"model {setting.model.name!r} under strategy {setting.strategy!r} has none",
-        )
+    layer_needs = "linear layer with a bias on the image, followed by a ReLU"
+    first_layer = staticmethod(first_relu_layer)
 
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:
         """Decompose the first layer's gradient, find ``A`` by sparsity, read the batch."""
         start = time.perf_counter()
-        self.check_batch(observation)
-        gradient = exact_gradient(observation, self.name)
-        model, params = victim_model(observation, self.device, seed)
-        layer = first_relu_layer(model)
-        if layer is None or f"{layer}.weight" not in observation.shared:
-            raise ValueError("spear needs the shared first linear layer, followed by a ReLU")
-        weight, bias = gradient[f"{layer}.weight"].double(), gradient[f"{layer}.bias"].double()
+        model, params, layer, weight, bias = self.first_layer_gradient(observation, seed)
         batch = observation.num_examples
         u, s, vh = torch.linalg.svd(weight, full_matrices=False)
         left, right = u[:, :batch] * s[:batch], vh[:batch]
@@ -267,7 +249,7 @@ class Spear(AnalyticAttack):
             labels = torch.zeros(batch, dtype=torch.long)
         else:
             inputs = solved[0].float().reshape(shape)
-            labels = self.labels(model, params, layer, inputs, solved[1].float())
+            labels = example_labels(model, params, layer, inputs, solved[1].float(), self.device)
             images = norm.to_pixels(inputs.cpu()).clamp(0, 1)
             residual = one_step_residual(observation, images, labels, seed, self.device)
         details["gradient_residual"] = residual
@@ -310,26 +292,27 @@ class Spear(AnalyticAttack):
                     return (inputs, deltas), found, tried
         return None, found, tried
 
-    def labels(
-        self,
-        model: nn.Module,
-        params: dict[str, torch.Tensor],
-        layer: str,
-        inputs: torch.Tensor,
-        deltas: torch.Tensor,
-    ) -> torch.Tensor:
-        """Each example's label: the class whose first-layer gradient ``delta_n(c)``
-        (per example, scaled ``1/B``) is nearest the recovered ``delta_n`` (rows of ``deltas``)."""
-        batch, classes = len(inputs), int(functional_call(model, params, (inputs[:1],)).shape[1])
-        bias = f"{layer}.bias"
-        fixed = {n: p.detach() for n, p in params.items() if n != bias}
 
-        def example_delta(b: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, {**fixed, bias: b}, (x[None],))
-            return soft_cross_entropy(logits, y[None]) / batch
+def example_labels(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    layer: str,
+    inputs: torch.Tensor,
+    deltas: torch.Tensor,
+    device: torch.device,
+) -> torch.Tensor:
+    """Each example's label: the class whose first-layer gradient ``delta_n(c)``
+    (per example, scaled ``1/B``) is nearest the recovered ``delta_n`` (rows of ``deltas``)."""
+    batch, classes = len(inputs), int(functional_call(model, params, (inputs[:1],)).shape[1])
+    bias = f"{layer}.bias"
+    fixed = {n: p.detach() for n, p in params.items() if n != bias}
 
-        targets = F.one_hot(torch.arange(classes), classes).float().to(self.device)
-        each = vmap(vmap(grad(example_delta), (None, None, 0)), (None, 0, None))
-        candidates = each(params[bias].detach(), inputs.to(self.device), targets)  # (B, K, m)
-        mismatch = (candidates - deltas[:, None, :].to(self.device)).norm(dim=2)
-        return mismatch.argmin(dim=1)
+    def example_delta(b: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, {**fixed, bias: b}, (x[None],))
+        return soft_cross_entropy(logits, y[None]) / batch
+
+    targets = F.one_hot(torch.arange(classes), classes).float().to(device)
+    each = vmap(vmap(grad(example_delta), (None, None, 0)), (None, 0, None))
+    candidates = each(params[bias].detach(), inputs.to(device), targets)  # (B, K, m)
+    mismatch = (candidates - deltas[:, None, :].to(device)).norm(dim=2)
+    return mismatch.argmin(dim=1)

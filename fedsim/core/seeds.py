@@ -75,6 +75,11 @@ class SeedStream(enum.Enum):
     ATTACK_MODEL = ("attack-model", Party.ATTACKER, ("attack-seed",))
     ATTACK_CODES = ("attack-codes", Party.ATTACKER, ("attack-seed",))
     ATTACK_SUBSETS = ("attack-subsets", Party.ATTACKER, ("attack-seed",))  # SPEAR's unit subsets
+    ATTACK_VERTICES = (
+        "attack-vertices",
+        Party.ATTACKER,
+        ("attack-seed",),
+    )  # box-vertices' objectives
     LABEL_DUMMIES = ("label-dummies", Party.ATTACKER, ())
     EXPERIMENT_IMAGES = ("experiment-images", Party.ATTACKER, ("seed",))
     EXPERIMENT_VICTIM = ("experiment-victim", Party.ATTACKER, ("seed", "batch"))

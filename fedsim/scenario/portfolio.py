@@ -32,6 +32,7 @@ from fedsim.core.registry import Registry
 PORTFOLIO = (
     "analytic-fc",
     "spear",
+    "box-vertices",
     "rgap",
     "inverting-gradients",
     "dlg",
