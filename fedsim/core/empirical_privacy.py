@@ -1,0 +1,157 @@
+"""An empirical lower bound on epsilon from one run (Steinke, Nasr, Jagielski, NeurIPS 2023).
+
+``m`` canaries are each included in the training data on an independent fair
+coin. After the run an auditor scores every canary (higher: more likely
+included), guesses "in" for its ``k+`` highest scores and "out" for its ``k-``
+lowest, and abstains on the rest. If the training is ``(epsilon, delta)``-DP,
+the number ``W`` of right guesses among the ``r = k+ + k-`` made satisfies
+(their Theorem 5.2, with ``q = e^epsilon / (1 + e^epsilon)``)
+
+    P[W >= v] <= P[Bin(r, q) >= v]
+                 + 2 m delta max_{1 <= i <= v} (P[Bin(r, q) >= v - i] - P[Bin(r, q) >= v]) / i.
+
+The right-hand side is the p-value of the claim "the run is
+``(epsilon, delta)``-DP" given ``v``; it grows with ``epsilon``. The empirical
+epsilon at confidence ``1 - beta`` is the largest epsilon whose claim the
+observed ``v`` rejects at level ``beta`` (0 when none is): with probability at
+least ``1 - beta`` over the coins it is at most the true epsilon, whatever the
+scores. Choosing ``(k+, k-)`` after seeing the scores spends that level:
+:func:`empirical_epsilon` tries a few splits and divides ``beta`` among them
+(Bonferroni), so the bound stays valid.
+
+This is the bound alone; which canaries and which scores feed it is the
+caller's (fedsim's membership analyses give scores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import expit
+from scipy.stats import binom
+
+from fedsim.core.config import require
+
+EPSILON_CAP = 50.0
+"""Beyond this the bound is reported as this (a perfect auditor on many canaries)."""
+
+
+@dataclass(frozen=True)
+class Guesses:
+    """What one split of the scores gave: canaries, guesses made and guesses right."""
+
+    canaries: int
+    guesses: int
+    correct: int
+
+    def __post_init__(self) -> None:
+        require(self.canaries >= 1, "canaries", self.canaries, "must be >= 1")
+        require(
+            0 <= self.guesses <= self.canaries,
+            "guesses",
+            self.guesses,
+            f"must be in [0, {self.canaries}] (the canaries)",
+        )
+        require(
+            0 <= self.correct <= self.guesses,
+            "correct",
+            self.correct,
+            f"must be in [0, {self.guesses}] (the guesses)",
+        )
+
+    def p_value(self, epsilon: float, delta: float = 0.0) -> float:
+        """The bound on ``P[W >= correct]`` for an ``(epsilon, delta)``-DP run (Theorem 5.2)."""
+        q = float(expit(epsilon))
+        tail = float(binom.sf(self.correct - 1, self.guesses, q))
+        if delta == 0 or self.correct == 0:
+            return tail
+        steps = np.arange(1, self.correct + 1)
+        excess = binom.sf(self.correct - steps - 1, self.guesses, q) - tail
+        return min(1.0, tail + 2 * self.canaries * delta * float(np.max(excess / steps)))
+
+    def epsilon(self, significance: float, delta: float = 0.0) -> float:
+        """The largest epsilon whose ``(epsilon, delta)`` claim these guesses reject at
+        ``significance``; 0 when even epsilon = 0 stands."""
+        if self.p_value(0.0, delta) > significance:
+            return 0.0
+        if self.p_value(EPSILON_CAP, delta) <= significance:
+            return EPSILON_CAP
+        return float(
+            brentq(lambda e: self.p_value(e, delta) - significance, 0.0, EPSILON_CAP, xtol=1e-6)
+        )
+
+
+def guesses(scores: np.ndarray, included: np.ndarray, guess_in: int, guess_out: int) -> Guesses:
+    """Guess "in" for the ``guess_in`` highest scores and "out" for the ``guess_out`` lowest.
+
+    Ties are broken by position, which the coins do not depend on.
+    """
+    require(
+        guess_in >= 0 and guess_out >= 0 and guess_in + guess_out <= len(scores),
+        "guesses",
+        (guess_in, guess_out),
+        f"need 0 <= k+, k- and k+ + k- <= {len(scores)} (the canaries)",
+    )
+    order = np.argsort(-np.asarray(scores, dtype=float), kind="stable")
+    chosen_in, chosen_out = order[:guess_in], order[len(order) - guess_out :]
+    correct = int(included[chosen_in].sum()) + int((~included[chosen_out]).sum())
+    return Guesses(len(scores), guess_in + guess_out, correct)
+
+
+@dataclass(frozen=True)
+class EmpiricalEpsilon:
+    """The bound, the split that gave it and the level it holds at."""
+
+    epsilon: float
+    confidence: float
+    delta: float
+    guesses: Guesses
+    splits_tried: int
+
+
+DEFAULT_SPLITS = (0.02, 0.05, 0.1, 0.2, 0.5)
+"""Shares of the canaries guessed, half "in" and half "out" (the paper varies ``k+ = k-``)."""
+
+
+def empirical_epsilon(
+    scores: Sequence[float] | np.ndarray,
+    included: Sequence[bool] | np.ndarray,
+    confidence: float = 0.95,
+    delta: float = 0.0,
+    shares: Sequence[float] = DEFAULT_SPLITS,
+) -> EmpiricalEpsilon:
+    """The one-run lower bound on epsilon from every canary's score and coin.
+
+    Each share ``s`` in ``shares`` guesses ``s m / 2`` canaries "in" and as many
+    "out"; the best bound over the shares is reported, each computed at
+    significance ``(1 - confidence) / len(shares)``.
+    """
+    score_array = np.asarray(scores, dtype=float)
+    coins = np.asarray(included, dtype=bool)
+    require(
+        score_array.ndim == 1 and score_array.shape == coins.shape and len(coins) > 0,
+        "scores",
+        f"{score_array.shape} and {coins.shape}",
+        "need one score and one coin per canary",
+    )
+    require(0 < confidence < 1, "confidence", confidence, "must be in (0, 1)")
+    require(0 <= delta < 1, "delta", delta, "must be in [0, 1)")
+    require(
+        len(shares) > 0 and all(0 < s <= 1 for s in shares),
+        "shares",
+        tuple(shares),
+        "need at least one share in (0, 1]",
+    )
+    significance = (1 - confidence) / len(shares)
+    best: tuple[float, Guesses] | None = None
+    for share in shares:
+        half = max(1, int(share * len(coins) / 2))
+        found = guesses(score_array, coins, half, min(half, len(coins) - half))
+        bound = found.epsilon(significance, delta)
+        if best is None or bound > best[0]:
+            best = (bound, found)
+    assert best is not None  # shares is not empty
+    return EmpiricalEpsilon(best[0], confidence, delta, best[1], len(shares))
