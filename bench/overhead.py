@@ -309,7 +309,9 @@ def profile_client() -> str:
         state=RecordDict(),
         run_config={},
     )
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    server = ServerResources(
+        scenario.model, scenario.federation.seed, load_dataset(scenario.data), torch.device("cpu")
+    )
     arrays = ArrayRecord(server.model().state_dict())
     config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
 

@@ -174,7 +174,9 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     )
     nodes = discover_partitions(grid)  # type: ignore[arg-type]
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluated_per_round)
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    server = ServerResources(
+        scenario.model, scenario.federation.seed, load_dataset(scenario.data), torch.device("cpu")
+    )
     components = check_components(scenario)
     strategy = build_strategy(components, server)
     run = InProcessRun(strategy, grid, strategy.initial_arrays(), scenario)

@@ -184,7 +184,9 @@ def test_a_fedsim_strategy_runs_unchanged_under_flowers_start(
 ) -> None:
     # Every client every round, so that Flower's unseeded sampling picks the same.
     scenario = scenario_from_dict(tiny_table(table, federation={"num-clients": 3, "rounds": 2}))
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    server = ServerResources(
+        scenario.model, scenario.federation.seed, load_dataset(scenario.data), torch.device("cpu")
+    )
     strategy = build(server.model)  # as a Flower user builds it
     grid = _ByPartition(build_client_app(client_spec(scenario), strategy.client_routine), 3)
 

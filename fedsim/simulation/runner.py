@@ -109,7 +109,12 @@ def sampled_grid(grid: Grid, components: Components, sampler: PartitionSampler) 
     (``failures.min-replies``, else the strategy's own)."""
     scenario = components.scenario
     min_replies = scenario.failures.min_replies or components.strategy.cls.min_replies
-    return SampledGrid(grid, sampler, min_replies, StragglerPlan.from_scenario(scenario))
+    return SampledGrid(
+        grid,
+        sampler,
+        min_replies,
+        StragglerPlan.of(scenario.federation, scenario.client.local_epochs),
+    )
 
 
 def _auditor(
@@ -173,7 +178,10 @@ def serve(
     scenario = components.scenario
     fed = scenario.federation
     server = ServerResources(
-        scenario, load_dataset(scenario.data), gpu_if(scenario.backend.num_gpus > 0)
+        scenario.model,
+        fed.seed,
+        load_dataset(scenario.data),
+        gpu_if(scenario.backend.num_gpus > 0),
     )
     if phases:
         phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")
