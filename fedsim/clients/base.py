@@ -35,9 +35,11 @@ class ClientSpec:
 
     The model it trains, the data it holds a part of (``num_clients`` parts,
     split with ``seed``), the federation's ``seed`` its own seeds derive from,
-    whether it trains on a GPU, and its ``[[defences]]`` in order, each class
-    with its frozen ``Params``. How it trains (optimiser, learning rate,
-    epochs, batch size) comes with each round's config, as Flower sends it.
+    whether it trains on a GPU, its ``[[defences]]`` in order, and the data's
+    partitioner, or generator for a generated dataset: each resolved, its
+    class with its frozen ``Params`` (``None``: resolved from ``data`` where
+    used). How it trains (optimiser, learning rate, epochs, batch size) comes
+    with each round's config, as Flower sends it.
     """
 
     model: ModelConfig
@@ -46,6 +48,8 @@ class ClientSpec:
     seed: int
     use_gpu: bool = False
     defences: tuple[Resolved, ...] = ()
+    partitioner: Resolved | None = None
+    generator: Resolved | None = None
 
 
 @dataclass
@@ -74,7 +78,9 @@ class ClientEnv:
         state: RecordDict,
         state_dir: Path | None = None,
     ) -> ClientEnv:
-        bundle, split = client_data(spec.data, spec.num_clients, spec.seed, partition_id)
+        bundle, split = client_data(
+            spec.data, spec.num_clients, spec.seed, partition_id, spec.partitioner, spec.generator
+        )
         return cls(partition_id, spec, bundle, split, gpu_if(spec.use_gpu), state, state_dir)
 
     @property

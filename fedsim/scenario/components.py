@@ -16,6 +16,7 @@ from fedsim.clients.base import ClientSpec
 from fedsim.clients.defences import resolve_defences
 from fedsim.core.components import Resolved
 from fedsim.core.config import Scenario
+from fedsim.core.partition import resolve_generator, resolve_partitioner
 from fedsim.scenario.portfolio import AuditPlan
 
 
@@ -35,15 +36,20 @@ class Components:
         return self.audit.attacks
 
 
-def client_spec(scenario: Scenario) -> ClientSpec:
-    """What the clients of ``scenario`` read, its ``[[defences]]`` resolved (a bad name or
-    parameter raises :class:`~fedsim.core.config.ScenarioError`)."""
-    fed = scenario.federation
+def client_spec(
+    scenario: Scenario, partitioner: Resolved | None = None, generator: Resolved | None = None
+) -> ClientSpec:
+    """What the clients of ``scenario`` read, its ``[[defences]]``, partitioner and generator
+    resolved (``partitioner`` and ``generator``: already resolved by validation); a bad
+    name or parameter raises :class:`~fedsim.core.config.ScenarioError`."""
+    fed, data = scenario.federation, scenario.data
     return ClientSpec(
         model=scenario.model,
-        data=scenario.data,
+        data=data,
         num_clients=fed.num_clients,
         seed=fed.seed,
         use_gpu=scenario.backend.num_gpus > 0,
         defences=resolve_defences(scenario.defences),
+        partitioner=partitioner or resolve_partitioner(data),
+        generator=generator or resolve_generator(data),
     )

@@ -29,7 +29,7 @@ from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LEAKS
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.defences import DEFENCES, check_defences
-from fedsim.core.components import resolve
+from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import (
     ClientConfig,
     DataConfig,
@@ -44,11 +44,16 @@ from fedsim.core.config import (
 from fedsim.core.data import (
     DATASETS,
     check_dataset_available,
-    generated_dataset,
 )
 from fedsim.core.generated import GeneratedDataset
 from fedsim.core.models import INITS, MODELS, InputSpec, SplitNet
-from fedsim.core.partition import PARTITIONERS, local_test_count, partition_dataset
+from fedsim.core.partition import (
+    PARTITIONERS,
+    local_test_count,
+    partition_dataset,
+    resolve_generator,
+    resolve_partitioner,
+)
 from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
 from fedsim.scenario.components import Components, client_spec
@@ -95,13 +100,15 @@ def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
         ) from None
 
 
-def trains_on_one_example(model: ModelConfig, data: DataConfig) -> bool:
-    """Whether ``model`` can take a training step on a batch of one example of ``data`` (batch
-    norm over a 1x1 feature map, as ResNet-18's last block at 8 pixels, cannot)."""
+def trains_on_one_example(
+    model: ModelConfig, data: DataConfig, generator: Resolved | None = None
+) -> bool:
+    """Whether ``model`` can take a training step on a batch of one example of ``data``, or
+    of its resolved ``generator`` (batch norm over a 1x1 feature map, as ResNet-18's last
+    block at 8 pixels, cannot)."""
     builder = lookup(MODELS, model.name, "model.name")
-    generator = generated_dataset(data)
     spec = (
-        _generated_spec(generator, data)
+        _generated_spec(generator)
         if generator
         else _image_spec(data.image_size, data.channels == "rgb")
     )
@@ -159,7 +166,7 @@ def check_components(scenario: Scenario) -> Components:
     lookup(DATASETS, scenario.data.dataset, "data.dataset")
     lookup(INITS, scenario.model.init, "model.init")
     data = scenario.data
-    generator = generated_dataset(data)
+    generator = resolve_generator(data)  # parses data.generator
     if generator:
         check_generated(data, scenario.model, scenario.audit.enabled, generator)
     else:
@@ -173,11 +180,11 @@ def check_components(scenario: Scenario) -> Components:
         check_model_fits(
             scenario.model.name, data.image_size, data.channels == "rgb", "data.image-size"
         )
-    resolve(PARTITIONERS, scenario.data.partitioner, "data.partitioner")
+    partitioner = resolve_partitioner(data)
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
     strategy.cls.check_scenario(scenario)
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
-    client = client_spec(scenario)
+    client = client_spec(scenario, partitioner, generator)
     check_defences(client, scenario.strategy.name)
     audit = AuditPlan()
     if scenario.audit.enabled:
@@ -191,20 +198,20 @@ def generated_names() -> list[str]:
     return [n for n in DATASETS.names() if isinstance(DATASETS.get(n), GeneratedDataset)]
 
 
-def _generated_spec(generator: GeneratedDataset, data: DataConfig) -> InputSpec:
-    features, classes = generator.shape(generator.params(data))
+def _generated_spec(generator: Resolved) -> InputSpec:
+    features, classes = generator.cls.shape(generator.params)
     return InputSpec(features, 1, classes)
 
 
 def check_generated(
-    data: DataConfig, model: ModelConfig, audited: bool, generator: GeneratedDataset
+    data: DataConfig, model: ModelConfig, audited: bool, generator: Resolved
 ) -> None:
     """A generated dataset's parameters, and what it cannot be combined with.
 
     Its examples are feature vectors split by device: no partitioner, no image
     shaping, no image attacks (no audit); ``model`` must take ``(features, 1, 1)`` inputs.
     """
-    spec = _generated_spec(generator, data)  # parses data.generator
+    spec = _generated_spec(generator)
     name = data.dataset
     require(
         data.partitioner.name == "iid" and not data.partitioner.params,
@@ -246,13 +253,13 @@ def check_generated(
 
 
 def check_generated_clients(
-    data: DataConfig, fed: FederationConfig, model: ModelConfig, generator: GeneratedDataset
+    data: DataConfig, fed: FederationConfig, model: ModelConfig, generator: Resolved
 ) -> None:
     """Every device of a generated dataset has training and test examples; the server's
     test devices lie in the federation. Draws no example and no device beyond the
     smallest size the generator guarantees (the population is never generated)."""
-    params = generator.params(data)
-    test_devices = generator.test_devices(params)
+    params, dataset = generator.params, generator.cls
+    test_devices = dataset.test_devices(params)
     require(
         test_devices <= fed.num_clients,
         "data.generator.test-devices",
@@ -260,7 +267,7 @@ def check_generated_clients(
         f"must be at most federation.num-clients ({fed.num_clients}): the server's test set "
         "is fresh examples of the federation's first devices",
     )
-    held = generator.min_size(params)
+    held = dataset.min_size(params)
     if data.samples_per_client:
         held = min(held, data.samples_per_client)
     num_test = local_test_count(data, held)
@@ -276,7 +283,7 @@ def check_generated_clients(
         data.test_fraction,
         f"leaves a device of {held} examples no test examples; raise it or data.samples-per-client",
     )
-    if not trains_on_one_example(model, data):
+    if not trains_on_one_example(model, data, generator):
         raise ScenarioError(
             "model.name",
             model.name,
@@ -354,7 +361,7 @@ def check_machine(scenario: Scenario) -> None:
     data, fed, backend = scenario.data, scenario.federation, scenario.backend
     check_resources(backend)
     check_dataset_available(data)
-    generator = generated_dataset(data)
+    generator = resolve_generator(data)
     if generator:  # nothing stored to fit in memory, no population-wide partition
         check_generated_clients(data, fed, scenario.model, generator)
     else:
