@@ -30,6 +30,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from fedsim.attacks.base import AttackSetting
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.config import load_scenario
 from fedsim.outputs.run_folder import MODEL_FILE
@@ -78,7 +79,8 @@ def cell(model: str, batch: int, weights: Path | None, victims: int) -> list[dic
             f"audit.probe-batch-size={batch}",
         ],
     )
-    attacks = resolve_attacks(scenario, STRATEGIES.get("fedavg").shared_prefixes)
+    uploads = STRATEGIES.get("fedavg").shared_prefixes
+    attacks = resolve_attacks(scenario.audit, AttackSetting.of(scenario, uploads))
     rows, best, reached, seconds = [], [float("-inf")] * victims, [""] * victims, 0.0
     best_ssim, best_labels = [float("-inf")] * victims, [float("-inf")] * victims
     for attack in attacks:

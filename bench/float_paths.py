@@ -20,6 +20,7 @@ import argparse
 import os
 import statistics
 
+from fedsim.attacks.base import AttackSetting
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.config import scenario_from_dict
 from fedsim.core.metrics import median_interval
@@ -36,7 +37,7 @@ def verdicts(images: int, precision: str) -> list[float]:
     )
     best = [float("-inf")] * images
     for attack in ATTACKS:
-        params = budget(attack, scenario)
+        params = budget(attack, AttackSetting.of(scenario, None))
         params.pop("unroll", None)
         experiment = AttackExperiment(
             attack=attack,

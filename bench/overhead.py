@@ -181,7 +181,9 @@ def run_flower() -> dict[str, Any]:
 
     quiet_flower(HideInjectedFailures())
     started = time.perf_counter()
-    run_simulation(server, client, num_supernodes=CLIENTS, backend_config=backend_config(scenario))
+    run_simulation(
+        server, client, num_supernodes=CLIENTS, backend_config=backend_config(scenario.backend)
+    )
     wall = time.perf_counter() - started
     return {**_round_times(ends[1:], ends[0]), "wall_s": wall}
 
@@ -294,11 +296,12 @@ def profile_client() -> str:
     from fedsim.clients.app import build_client_app
     from fedsim.core.data import load_dataset
     from fedsim.core.training import client_config_record
+    from fedsim.scenario.components import client_spec
     from fedsim.simulation.flower import message_context
     from fedsim.strategies.base import ServerResources
 
     scenario = _scenario()
-    app = build_client_app(scenario, "fedavg")
+    app = build_client_app(client_spec(scenario), "fedavg")
     context = Context(
         run_id=1,
         node_id=7,
@@ -306,7 +309,9 @@ def profile_client() -> str:
         state=RecordDict(),
         run_config={},
     )
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    server = ServerResources(
+        scenario.model, scenario.federation.seed, load_dataset(scenario.data), torch.device("cpu")
+    )
     arrays = ArrayRecord(server.model().state_dict())
     config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
 

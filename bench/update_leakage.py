@@ -56,6 +56,7 @@ from fedsim.core.config import ComponentConfig, Scenario, ScenarioError, scenari
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec
 from fedsim.core.training import client_config_record, train_local
+from fedsim.scenario.components import client_spec
 from fedsim.simulation.flower import message_context
 
 BASE: dict[str, Any] = {
@@ -105,7 +106,7 @@ def scenario_for(change: dict[str, Any]) -> Scenario:
 
 def sent_model(scenario: Scenario, steps: int) -> dict[str, torch.Tensor]:
     """The global model: the zoo's init, trained ``steps`` Adam steps on the public half."""
-    env = ClientEnv.create(scenario, 0, RecordDict())
+    env = ClientEnv.create(client_spec(scenario), 0, RecordDict())
     model = env.model()
     if steps:
         bundle = load_dataset(scenario.data)
@@ -129,7 +130,7 @@ def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> lis
     sent = ArrayRecord(state)
     config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
     routine = CLIENT_ROUTINES.get("fedavg")()
-    replay = ClientReplay(scenario, "fedavg", None)
+    replay = ClientReplay(client_spec(scenario), "fedavg", None)
     names = args.analyses or [n for n in LEAKS.names() if LEAKS.get(n).in_auto]
     setting = dataclasses.replace(AttackSetting.of(scenario, None), audited=True)
     analyses = []
@@ -142,7 +143,7 @@ def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> lis
         analyses.append(analysis)
     scores: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     for partition in range(min(args.clients, scenario.federation.num_clients)):
-        env = ClientEnv.create(scenario, partition, RecordDict())
+        env = ClientEnv.create(client_spec(scenario), partition, RecordDict())
         if len(env.split.train) < 2:
             continue
         arrays, metrics = train_defended(routine, env, sent, config)

@@ -36,6 +36,7 @@ from fedsim.core.gan import GanSplitNet, build_gan_split_net
 from fedsim.core.models import InputSpec
 from fedsim.core.seeds import model_init_seed
 from fedsim.core.training import client_config_record
+from fedsim.scenario.components import client_spec
 from fedsim.strategies import FedCG
 
 CLIENTS = 2
@@ -89,7 +90,7 @@ def server_app(run_dir: Path, rounds: int, distill_iterations: int) -> ServerApp
 
 def client_app() -> ClientApp:
     """The ClientApp: FedCG's client routine on this node's partition."""
-    return build_client_app(CLIENT_SIDE, "fedcg")
+    return build_client_app(client_spec(CLIENT_SIDE), "fedcg")
 
 
 def run(run_dir: Path, rounds: int = 2, distill_iterations: int = 20) -> None:

@@ -36,11 +36,19 @@ from rich.console import Console
 
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, ScenarioError, load_scenario, require
+from fedsim.core.config import (
+    AuditConfig,
+    OutputConfig,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    require,
+)
 from fedsim.core.plugins import use_plugins
 from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import RunRecorder, write_summary
 from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import validate
 from fedsim.scenarios import scenario_path, shipped_scenarios
 from fedsim.simulation.flower import quiet_flower, simulated
@@ -58,13 +66,15 @@ def scenario_from_run_config(run_config: Mapping[str, object]) -> Scenario:
     return load_scenario(scenario_path(name), overrides)
 
 
-def run_dir_of(scenario: Scenario, run_config: Mapping[str, object], run_id: int) -> Path:
+def run_dir_of(
+    output: OutputConfig, name: str, run_config: Mapping[str, object], run_id: int
+) -> Path:
     """The run directory server and clients agree on: ``out``, or one named by the run id."""
     out = str(run_config.get("out", "") or "")
-    return Path(out) if out else Path(scenario.output.dir) / f"{scenario.name}-run{run_id}"
+    return Path(out) if out else Path(output.dir) / f"{name}-run{run_id}"
 
 
-def _start_audit_ray(scenario: Scenario, grid: Grid) -> None:
+def _start_audit_ray(audit: AuditConfig, grid: Grid) -> None:
     """On the Deployment Engine the ServerApp has no Ray: start one for the audit's tasks.
 
     No client actor shares this Ray, so the attacks need no reservation. In
@@ -75,11 +85,11 @@ def _start_audit_ray(scenario: Scenario, grid: Grid) -> None:
     """
     import ray
 
-    if scenario.audit.enabled and not simulated(grid) and not ray.is_initialized():
+    if audit.enabled and not simulated(grid) and not ray.is_initialized():
         ray.init(
             address="local",
             num_cpus=os.cpu_count() or 1,
-            num_gpus=None if scenario.audit.num_gpus > 0 else 0,
+            num_gpus=None if audit.num_gpus > 0 else 0,
             logging_level=logging.ERROR,
             log_to_driver=False,
             include_dashboard=False,
@@ -97,14 +107,15 @@ def main(grid: Grid, context: Context) -> None:
     quiet_flower()
     components = validate(scenario_from_run_config(context.run_config))
     scenario = components.scenario
-    run_dir = new_run_dir(scenario, run_dir_of(scenario, context.run_config, context.run_id))
+    named = run_dir_of(scenario.output, scenario.name, context.run_config, context.run_id)
+    run_dir = new_run_dir(scenario.output, scenario.name, named)
     write_scenario(scenario, run_dir)
     fed = scenario.federation
     console.print(
         f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name}, {fed.num_clients} "
         f"clients ({fed.sampled_per_round}/round), {fed.rounds} rounds -> {run_dir}"
     )
-    _start_audit_ray(scenario, grid)
+    _start_audit_ray(scenario.audit, grid)
     recorder = RunRecorder(run_dir, fed.rounds, console)
     arrays = serve(grid, components, recorder, console)
     save_model(arrays, run_dir)
@@ -123,8 +134,9 @@ def _run_scenario(items: tuple[tuple[str, object], ...]) -> Scenario:
 def _scenario_client(items: tuple[tuple[str, object], ...], run_id: int) -> ClientApp:
     scenario = _run_scenario(items)
     routine = STRATEGIES.get(scenario.strategy.name).client_routine
-    state_dir = run_dir_of(scenario, dict(items), run_id) / CLIENT_STATE_DIR
-    return build_client_app(scenario, routine, state_dir)
+    run_dir = run_dir_of(scenario.output, scenario.name, dict(items), run_id)
+    state_dir = run_dir / CLIENT_STATE_DIR
+    return build_client_app(client_spec(scenario), routine, state_dir)
 
 
 def _client_for(context: Context) -> ClientApp:

@@ -27,6 +27,7 @@ from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
 from fedsim.core.protocol import RoundRecord
 from fedsim.core.training import client_config_record
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.discovery import discover_partitions
 from fedsim.simulation.flower import message_context
@@ -140,7 +141,7 @@ class InProcessRun:
     ) -> ClientEnv:
         """Partition ``partition``'s client world, with its node state unless ``state``."""
         node_state = self.grid.state(partition) if state is None else state
-        return ClientEnv.create(self.scenario, partition, node_state, state_dir)
+        return ClientEnv.create(client_spec(self.scenario), partition, node_state, state_dir)
 
 
 def tiny_table(strategy: dict[str, Any], **tables: dict[str, Any]) -> dict[str, Any]:
@@ -168,11 +169,14 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     strategy_cls = STRATEGIES.get(scenario.strategy.name)
     fed = scenario.federation
     grid = InProcessGrid(
-        build_client_app(scenario, strategy_cls.client_routine, state_dir), fed.num_clients
+        build_client_app(client_spec(scenario), strategy_cls.client_routine, state_dir),
+        fed.num_clients,
     )
     nodes = discover_partitions(grid)  # type: ignore[arg-type]
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluated_per_round)
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    server = ServerResources(
+        scenario.model, scenario.federation.seed, load_dataset(scenario.data), torch.device("cpu")
+    )
     components = check_components(scenario)
     strategy = build_strategy(components, server)
     run = InProcessRun(strategy, grid, strategy.initial_arrays(), scenario)

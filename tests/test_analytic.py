@@ -34,6 +34,7 @@ from fedsim.core.training import train_local
 from fedsim.core.truth import GroundTruth
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import AUDIT_FILE, AUDIT_IMAGES, VERDICT_FILE, new_run_dir
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.flower import message_context
 from fedsim.simulation.runner import serve
@@ -494,9 +495,9 @@ def test_closed_form_attacks_audit_every_client_in_the_driver_without_ray(
         "audit": {"enabled": True, "attacks": [{"name": "analytic-fc"}], "victims": 0},
     }
     scenario = scenario_from_dict(table)
-    run_dir = new_run_dir(scenario, tmp_path / "run")
+    run_dir = new_run_dir(scenario.output, scenario.name, tmp_path / "run")
     grid = InProcessGrid(
-        build_client_app(scenario, STRATEGIES.get("fedavg").client_routine, None), 3
+        build_client_app(client_spec(scenario), STRATEGIES.get("fedavg").client_routine, None), 3
     )
     recorder = RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from fedsim.attacks.base import Observation
-from fedsim.core.config import load_scenario
+from fedsim.core.config import Scenario, load_scenario
 from fedsim.outputs.run_folder import AUDIT_FILE, MODEL_FILE
+from fedsim.scenario.components import client_spec
 from fedsim.simulation.runner import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +91,7 @@ def test_attack_payload_holds_no_tensor_equal_to_the_truth(tmp_path: Path) -> No
 
     scenario = load_scenario(REPO / "scenarios" / "audit-fedavg.toml")
     cfg = client_config_from_record(client_config_record(scenario.client))
-    truth = ClientReplay(scenario, "fedavg", None).update_batch(0, 1, cfg)
+    truth = ClientReplay(client_spec(scenario), "fedavg", None).update_batch(0, 1, cfg)
 
     payload = pickle.dumps(_observation_for(scenario))
     tensors = pickle.loads(payload)
@@ -118,7 +119,7 @@ def _observation_for(scenario: object) -> Observation:
     return _intercepted_observation(scenario)[0]
 
 
-def _intercepted_observation(scenario: object) -> tuple[Observation, object]:
+def _intercepted_observation(scenario: Scenario) -> tuple[Observation, object]:
     """A real client's update, intercepted and observed as the auditor does; and the round."""
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
@@ -128,9 +129,9 @@ def _intercepted_observation(scenario: object) -> tuple[Observation, object]:
     from fedsim.core.training import client_config_record
     from fedsim.simulation.flower import message_context
 
-    env = ClientEnv.create(scenario, 0, RecordDict())  # type: ignore[arg-type]
+    env = ClientEnv.create(client_spec(scenario), 0, RecordDict())
     sent = ArrayRecord(env.model().state_dict())
-    config = ConfigRecord({**client_config_record(env.scenario.client), "server-round": 1})
+    config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
     arrays, metrics = FedAvgClient().train(env, sent, config)
     with message_context():
         reply = Message(
@@ -139,7 +140,7 @@ def _intercepted_observation(scenario: object) -> tuple[Observation, object]:
             message_type="train",
         )
     view = ServerView(
-        env.scenario.model, env.input_spec, env.bundle.normalization, env.scenario.strategy.name
+        scenario.model, env.input_spec, env.bundle.normalization, scenario.strategy.name
     )
     intercepted = intercept(1, sent, config, [reply])
     return view.observe(intercepted, intercepted.replies[0], "update"), intercepted

@@ -26,6 +26,7 @@ from fedsim.clients.replay import ClientReplay
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
 from fedsim.core.training import client_config_record
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import validate
 
 
@@ -247,8 +248,10 @@ def test_private_gradients_average_clipped_example_gradients(
 def test_probe_gradient_carries_the_clients_defences() -> None:
     def probe(defences: list[dict[str, Any]]) -> Tensors:
         scenario = _scenario(defences)
-        sent = ArrayRecord(ClientEnv.create(scenario, 0, RecordDict()).model().state_dict())
-        oracle = ClientReplay(scenario, "fedavg", None)
+        sent = ArrayRecord(
+            ClientEnv.create(client_spec(scenario), 0, RecordDict()).model().state_dict()
+        )
+        oracle = ClientReplay(client_spec(scenario), "fedavg", None)
         return oracle.probe(0, 1, scenario.client, sent, 1)[0]
 
     clean = probe([])

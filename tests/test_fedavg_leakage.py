@@ -133,7 +133,10 @@ def test_two_epochs_of_sgd_leak_more_to_fedavg_leakage_than_to_unrolled_dlg() ->
 def test_the_portfolio_budgets_it_and_refuses_clients_beyond_the_measured_reach() -> None:
     scenario = parse_table(Scenario, {"audit": {"threat-model": "update"}}, "")
 
-    assert budget("fedavg-leakage", scenario) == {"steps": 60, "restarts": 4}
+    assert budget("fedavg-leakage", AttackSetting.of(scenario, None)) == {
+        "steps": 60,
+        "restarts": 4,
+    }
     assert reconstruction_refusal(RECONSTRUCTION_REACH) is None
     line = reconstruction_refusal(RECONSTRUCTION_REACH + 1)
     assert line is not None and f"({RECONSTRUCTION_REACH} images" in line

@@ -13,6 +13,7 @@ from fedsim.clients.fedprox import FedProxClient
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, scenario_from_dict
 from fedsim.core.training import client_config_record
+from fedsim.scenario.components import client_spec
 
 
 def _scenario(strategy: dict[str, Any]) -> Scenario:
@@ -35,8 +36,9 @@ def test_mu_zero_gives_fedavg_exactly() -> None:
 
 def _distance_from_global(env: ClientEnv, mu: float) -> float:
     global_model = env.model()
+    train = _scenario({"name": "fedprox"}).client
     config = ConfigRecord(
-        {**client_config_record(env.scenario.client), "server-round": 1, protocol.PROXIMAL_MU: mu}
+        {**client_config_record(train), "server-round": 1, protocol.PROXIMAL_MU: mu}
     )
     reply, _ = FedProxClient().train(env, ArrayRecord(global_model.state_dict()), config)
     trained = reply.to_torch_state_dict()
@@ -46,7 +48,7 @@ def _distance_from_global(env: ClientEnv, mu: float) -> float:
 
 
 def test_positive_mu_keeps_client_weights_closer_to_global() -> None:
-    env = ClientEnv.create(_scenario({"name": "fedprox"}), 0, RecordDict())
+    env = ClientEnv.create(client_spec(_scenario({"name": "fedprox"})), 0, RecordDict())
 
     distances = [_distance_from_global(env, mu) for mu in (0.0, 0.1, 1.0)]
 

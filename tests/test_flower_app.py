@@ -74,8 +74,8 @@ def test_run_config_names_a_shipped_scenario_or_a_file(tmp_path: Path) -> None:
     assert scenario_path("quickstart").name == "quickstart.toml"
     assert (shipped.name, shipped.federation.rounds) == ("quickstart", 7)
     assert (own.name, own.client.lr) == ("app-audit", 0.5)
-    assert run_dir_of(own, {"out": ""}, 42) == Path("runs") / "app-audit-run42"
-    assert run_dir_of(own, {"out": str(tmp_path)}, 42) == tmp_path
+    assert run_dir_of(own.output, own.name, {"out": ""}, 42) == Path("runs") / "app-audit-run42"
+    assert run_dir_of(own.output, own.name, {"out": str(tmp_path)}, 42) == tmp_path
     with pytest.raises(ScenarioError, match="scenario"):
         scenario_from_run_config({"scenario": ""})
     with pytest.raises(ScenarioError, match="no such file"):

@@ -25,6 +25,7 @@ from fedsim.clients.app import build_client_app
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.training import client_config_record
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import check_components
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
@@ -183,9 +184,11 @@ def test_a_fedsim_strategy_runs_unchanged_under_flowers_start(
 ) -> None:
     # Every client every round, so that Flower's unseeded sampling picks the same.
     scenario = scenario_from_dict(tiny_table(table, federation={"num-clients": 3, "rounds": 2}))
-    server = ServerResources(scenario, load_dataset(scenario.data), torch.device("cpu"))
+    server = ServerResources(
+        scenario.model, scenario.federation.seed, load_dataset(scenario.data), torch.device("cpu")
+    )
     strategy = build(server.model)  # as a Flower user builds it
-    grid = _ByPartition(build_client_app(scenario, strategy.client_routine), 3)
+    grid = _ByPartition(build_client_app(client_spec(scenario), strategy.client_routine), 3)
 
     initial = strategy.initial_arrays()
     result = strategy.start(

@@ -19,6 +19,7 @@ from fedsim.core.data import load_dataset
 from fedsim.core.leak_metrics import score_labels, score_membership
 from fedsim.core.protocol import LeakRecord
 from fedsim.outputs.verdict import round_verdict, verdict_line, victim_verdicts
+from fedsim.scenario.components import client_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,9 @@ def _client_truth(partition: int = 0):  # type: ignore[no-untyped-def]
         REPO / "scenarios" / "quickstart.toml",
         ["data.partitioner={name='dirichlet', alpha=0.3}", "federation.num-clients=8"],
     )
-    truth = ClientReplay(scenario, "fedavg", None).update_batch(partition, 1, scenario.client)
+    truth = ClientReplay(client_spec(scenario), "fedavg", None).update_batch(
+        partition, 1, scenario.client
+    )
     return scenario, truth
 
 

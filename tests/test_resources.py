@@ -34,7 +34,7 @@ from fedsim.core.components import Resolved
 from fedsim.core.config import ScenarioError, load_scenario
 from fedsim.core.devices import TEST_LOGICAL_GPUS_ENV
 from fedsim.outputs.run_folder import AUDIT_FILE, CLIENTS_FILE, METRICS_FILE
-from fedsim.scenario.validate import check_gpu_request
+from fedsim.scenario.machine import check_gpu_request
 from fedsim.simulation.resources import (
     RESOURCES_FILE,
     NodeResources,
@@ -79,7 +79,9 @@ def test_quarter_gpu_clients_leave_the_audit_its_half() -> None:
     # Flower alone would start 4 actors x 0.25 GPU and starve a 0.5 GPU attack.
     scenario = _scenario("backend.num-gpus=0.25", "audit.num-gpus=0.5")
 
-    plan = plan_resources(scenario, ONE_GPU, "a node", scenario.audit.workers)
+    plan = plan_resources(
+        scenario.backend, scenario.audit, ONE_GPU, "a node", scenario.audit.workers
+    )
 
     assert plan.actors == 2
     assert plan.actors * plan.actor_gpus + plan.audit_workers * plan.audit_gpus <= 1.0
@@ -90,7 +92,9 @@ def test_cpu_reservation_comes_out_of_a_clusters_cpus() -> None:
     scenario = _scenario("audit.workers=2", "audit.threads-per-attack=2")
     nodes = [NodeResources("a", 4.0, 0.0), NodeResources("b", 4.0, 0.0, "node:10.0.0.2")]
 
-    plan = plan_resources(scenario, nodes, "the cluster", scenario.audit.workers)
+    plan = plan_resources(
+        scenario.backend, scenario.audit, nodes, "the cluster", scenario.audit.workers
+    )
 
     assert plan.actors == 4  # 8 CPUs - 2 x 2 reserved
     assert sum(b["CPU"] for b in plan.bundles()) == 4.0
@@ -106,7 +110,7 @@ def test_an_audit_of_closed_form_attacks_alone_reserves_no_worker() -> None:
 
     assert reserved_workers(scenario.audit, [closed_form]) == 0
     assert reserved_workers(scenario.audit, [closed_form, optimised]) == 2
-    plan = plan_resources(scenario, ONE_GPU, "a node", 0)
+    plan = plan_resources(scenario.backend, scenario.audit, ONE_GPU, "a node", 0)
     assert plan.bundles() == [] and plan.actors == 16
     assert "audit reserves" not in plan.describe()
 
@@ -128,7 +132,7 @@ def test_a_split_that_cannot_fit_names_keys_machine_and_a_fix(
 ) -> None:
     with pytest.raises(ResourceError) as err:
         scenario = _scenario(*overrides)
-        plan_resources(scenario, ONE_GPU, "a node", scenario.audit.workers)
+        plan_resources(scenario.backend, scenario.audit, ONE_GPU, "a node", scenario.audit.workers)
 
     message = str(err.value)
     assert "\n" not in message
@@ -139,11 +143,11 @@ def test_a_split_that_cannot_fit_names_keys_machine_and_a_fix(
 def test_suggested_split_fits() -> None:
     with pytest.raises(ResourceError) as err:
         scenario = _scenario("backend.num-gpus=0.75", "audit.num-gpus=0.5")
-        plan_resources(scenario, ONE_GPU, "a node", scenario.audit.workers)
+        plan_resources(scenario.backend, scenario.audit, ONE_GPU, "a node", scenario.audit.workers)
     suggested = str(err.value).rsplit("a split that fits: ", 1)[1]
 
     fixed = _scenario("audit.num-gpus=0.5", suggested.replace(" = ", "="))
-    plan = plan_resources(fixed, ONE_GPU, "a node", fixed.audit.workers)
+    plan = plan_resources(fixed.backend, fixed.audit, ONE_GPU, "a node", fixed.audit.workers)
 
     assert plan.actors >= 1
 

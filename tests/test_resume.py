@@ -32,7 +32,13 @@ from rich.console import Console
 from fedsim.cli import main as cli_main
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from fedsim.core.config import (
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    scenario_from_dict,
+    scenario_to_dict,
+)
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import (
@@ -46,6 +52,7 @@ from fedsim.outputs.run_folder import (
     new_run_dir,
     write_scenario,
 )
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.checkpoint import (
     MANIFEST_FILE,
@@ -240,7 +247,7 @@ def serve_in_process(
 ) -> ArrayRecord:
     """A run's server side against the real ClientApp in this process (no Ray)."""
     routine = STRATEGIES.get(scenario.strategy.name).client_routine
-    app = build_client_app(scenario, routine, run_dir / CLIENT_STATE_DIR)
+    app = build_client_app(client_spec(scenario), routine, run_dir / CLIENT_STATE_DIR)
     grid = InProcessGrid(app, scenario.federation.num_clients)
     recorder = RunRecorder(run_dir, scenario.federation.rounds, QUIET)
     callbacks = (CrashAt(crash_at),) if crash_at else ()
@@ -250,7 +257,7 @@ def serve_in_process(
 
 
 def fresh_run_dir(scenario: Scenario, path: Path) -> Path:
-    run_dir = new_run_dir(scenario, path)
+    run_dir = new_run_dir(scenario.output, scenario.name, path)
     write_scenario(scenario, run_dir)
     return run_dir
 
@@ -390,7 +397,9 @@ def checkpointed_run(tmp_path: Path, rounds: int = 4, done: int = 2) -> Path:
     record = RoundRecord(round=done, seconds=1.0, sampled=3, replies=3, failures=0)
     recorder.on_round_end(record, ArrayRecord())
     stateless = cast(Any, SimpleNamespace(state_for_checkpoint=dict))  # a strategy with no state
-    Checkpointer(run_dir, stateless, scenario, [recorder]).on_round_end(record, ArrayRecord())
+    Checkpointer(run_dir, stateless, scenario_to_dict(scenario), [recorder]).on_round_end(
+        record, ArrayRecord()
+    )
     return run_dir
 
 

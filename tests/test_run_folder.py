@@ -11,7 +11,7 @@ import pytest
 import tomli_w
 
 from fedsim.cli import main
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import OutputConfig, ScenarioError, scenario_from_dict
 from fedsim.core.protocol import AuditRecord
 from fedsim.outputs.results import write_summary
 from fedsim.outputs.run_folder import (
@@ -40,7 +40,7 @@ def test_a_used_out_folder_is_refused(quick_scenario_table: dict[str, Any], tmp_
     _old_audited_run(tmp_path / "run")
 
     with pytest.raises(ScenarioError, match="--force") as err:
-        new_run_dir(scenario_from_dict(quick_scenario_table), tmp_path / "run")
+        new_run_dir(OutputConfig(), "quickstart", tmp_path / "run")
 
     assert err.value.key == "--out"
     assert (tmp_path / "run" / AUDIT_FILE).is_file()  # nothing touched
@@ -51,7 +51,7 @@ def test_force_clears_every_run_file_and_keeps_others(
 ) -> None:
     _old_audited_run(tmp_path / "run")
 
-    run_dir = new_run_dir(scenario_from_dict(quick_scenario_table), tmp_path / "run", force=True)
+    run_dir = new_run_dir(OutputConfig(), "quickstart", tmp_path / "run", force=True)
 
     # The lock file stays: it is this process's hold on the folder.
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE, "notes.txt"]
@@ -63,8 +63,8 @@ def test_new_and_empty_folders_are_accepted(
     (tmp_path / "empty").mkdir()
     scenario = scenario_from_dict(quick_scenario_table)
 
-    assert new_run_dir(scenario, tmp_path / "empty").is_dir()
-    assert new_run_dir(scenario, tmp_path / "new" / "run").is_dir()
+    assert new_run_dir(scenario.output, scenario.name, tmp_path / "empty").is_dir()
+    assert new_run_dir(scenario.output, scenario.name, tmp_path / "new" / "run").is_dir()
 
 
 def test_cli_refuses_a_used_out_before_ray_starts(

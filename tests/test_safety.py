@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.cli import main as cli_main
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import OutputConfig, ScenarioError, scenario_from_dict, scenario_to_dict
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import (
@@ -66,7 +66,7 @@ def private_bytes(partition: int) -> bytes:
 def checkpointed(folder: Path, files: dict[str, bytes] | None = None) -> Path:
     """A run folder with a round-2 checkpoint holding client ``files`` (no simulation)."""
     scenario = scenario_from_dict(SCENARIO)
-    run_dir = new_run_dir(scenario, folder)
+    run_dir = new_run_dir(scenario.output, scenario.name, folder)
     write_scenario(scenario, run_dir)
     for name, content in (files or {"partition-0.pt": private_bytes(0)}).items():
         (run_dir / CLIENT_STATE_DIR).mkdir(exist_ok=True)
@@ -76,7 +76,9 @@ def checkpointed(folder: Path, files: dict[str, bytes] | None = None) -> Path:
     recorder.on_round_end(record, ArrayRecord())
     stateless = cast(Any, SimpleNamespace(state_for_checkpoint=dict))
     arrays = ArrayRecord({"w": torch.arange(4.0)})
-    Checkpointer(run_dir, stateless, scenario, [recorder]).on_round_end(record, arrays)
+    Checkpointer(run_dir, stateless, scenario_to_dict(scenario), [recorder]).on_round_end(
+        record, arrays
+    )
     return run_dir
 
 
@@ -152,7 +154,7 @@ def test_a_forced_run_into_an_old_folder_removes_links_not_their_targets(
     (run_dir / CLIENT_STATE_DIR).rmdir()
     (run_dir / CLIENT_STATE_DIR).symlink_to(outside, target_is_directory=True)
 
-    new_run_dir(scenario_from_dict(SCENARIO), run_dir, force=True)
+    new_run_dir(OutputConfig(), "safety", run_dir, force=True)
 
     assert not (run_dir / CLIENT_STATE_DIR).exists()
     assert snapshot(outside) == {"precious.txt": b"do not touch"}
@@ -277,7 +279,7 @@ def test_two_processes_cannot_run_in_one_folder(tmp_path: Path) -> None:
         with pytest.raises(ScenarioError, match="in use by another fedsim process"):
             open_resume(run_dir)
         with pytest.raises(ScenarioError, match="in use by another fedsim process"):
-            new_run_dir(scenario_from_dict(SCENARIO), run_dir)
+            new_run_dir(OutputConfig(), "safety", run_dir)
         with pytest.raises(ScenarioError, match="in use by another fedsim process"):
             check_out_folder(run_dir, force=True)  # what a run checks before Ray starts
     finally:

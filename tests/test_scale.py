@@ -17,6 +17,7 @@ from fedsim.clients.base import ClientEnv
 from fedsim.core.config import load_scenario
 from fedsim.core.partition import partition_dataset
 from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
+from fedsim.scenario.components import client_spec
 from fedsim.simulation.runner import run_scenario
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "scale-1000.toml"
@@ -26,8 +27,8 @@ def test_a_thousand_clients_share_one_copy_of_the_data() -> None:
     scenario = load_scenario(SCENARIO)
     splits = partition_dataset(scenario.data, 1000, scenario.federation.seed)
 
-    first = ClientEnv.create(scenario, 0, RecordDict())
-    last = ClientEnv.create(scenario, 999, RecordDict())
+    first = ClientEnv.create(client_spec(scenario), 0, RecordDict())
+    last = ClientEnv.create(client_spec(scenario), 999, RecordDict())
 
     assert first.bundle is last.bundle  # loaded once per process (Ray actor)
     indices = sum(len(s.train) + len(s.test) for s in splits)

@@ -17,6 +17,7 @@ from flwr.app import RecordDict
 from fedsim.clients.base import ClientEnv
 from fedsim.core.config import scenario_from_dict
 from fedsim.core.seeds import Party, SeedStream, choose, choose_below, derive_seed, stream_rng
+from fedsim.scenario.components import client_spec
 
 ROUNDS = range(1, 201)
 PARTITIONS = range(201)
@@ -65,7 +66,7 @@ def test_the_code_draws_from_the_named_streams() -> None:
     scenario = scenario_from_dict(
         {"federation": {"num-clients": 3, "seed": 5}, "data": {"samples-per-client": 20}}
     )
-    env = ClientEnv.create(scenario, 2, RecordDict())
+    env = ClientEnv.create(client_spec(scenario), 2, RecordDict())
 
     assert env.seed(7) == derive_seed(SeedStream.CLIENT_TRAIN, 5, 7, 2)
     assert env.private_seed() == derive_seed(SeedStream.PRIVATE_INIT, 5, 2)

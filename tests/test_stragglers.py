@@ -8,6 +8,7 @@ aggregates differ only in what happens to the stragglers' replies.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,8 @@ def test_a_strategy_that_cannot_run_stragglers_is_refused() -> None:
         pass
 
     with pytest.raises(ScenarioError, match="strategy 'fedavg' cannot run stragglers; these can"):
-        check_stragglers(scenario_from_dict(_table({"name": "fedavg"})), Unaware)
+        scenario = scenario_from_dict(_table({"name": "fedavg"}))
+        check_stragglers(scenario.federation, scenario.client, "fedavg", Unaware)
     able = [n for n in STRATEGIES.names() if STRATEGIES.get(n).straggler_replies]
     assert {"fedavg", "fedprox"} <= set(able)
 
@@ -192,7 +194,7 @@ def test_the_server_tells_stragglers_their_epochs_and_the_client_trains_them(
     received = sent.content["arrays"]
 
     def trained(epochs: int) -> dict[str, torch.Tensor]:
-        cfg = env.scenario.client.__class__(**{**vars(env.scenario.client), "local_epochs": epochs})
+        cfg = dataclasses.replace(fedavg.scenario.client, local_epochs=epochs)
         config = ConfigRecord({**client_config_record(cfg), protocol.SERVER_ROUND: server_round})
         arrays, _ = FedAvgClient().train(env, received, config)
         return arrays.to_torch_state_dict()

@@ -30,7 +30,7 @@ from fedsim.core.config import (
 from fedsim.core.data import load_dataset
 from fedsim.core.generated import SYNTHETIC, Synthetic, SyntheticParams
 from fedsim.core.models import InputSpec, build_model
-from fedsim.core.partition import _generated_client, client_data, partition_dataset
+from fedsim.core.partition import _GENERATED, client_data, partition_dataset
 from fedsim.core.seeds import SeedStream
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,7 +156,7 @@ print(hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest())
 
 def test_a_client_is_the_same_in_another_process_and_alone() -> None:
     cfg = _cfg(alpha=0.5, beta=0.5)
-    _generated_client.cache_clear()
+    _GENERATED.clear()  # drawn afresh, not from the cache
     for other in range(5):  # other clients first: client 5 must not depend on them
         client_data(cfg, 30, 0, other)
     bundle, _ = client_data(cfg, 30, 0, 5)

@@ -24,6 +24,7 @@ from fedsim.outputs.run_folder import (
     audit_image_name,
     new_run_dir,
 )
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.flower import message_context
 from fedsim.simulation.runner import serve
@@ -34,7 +35,7 @@ def test_scalars_per_round_and_audit_grids_reach_tensorboard(tmp_path: Path) -> 
     table = tiny_table({"name": "fedavg"}, log={"tensorboard": True})
     table["data"]["samples-per-client"] = 40
     scenario = scenario_from_dict(table)
-    run_dir = new_run_dir(scenario, tmp_path / "run")
+    run_dir = new_run_dir(scenario.output, scenario.name, tmp_path / "run")
     # An audit grid as the auditor writes it (the audit itself needs Ray).
     truth = torch.rand(2, 1, 16, 16)
     score = score_reconstruction(truth.flip(0), truth, torch.tensor([3, 1]), torch.tensor([1, 3]))
@@ -43,7 +44,9 @@ def test_scalars_per_round_and_audit_grids_reach_tensorboard(tmp_path: Path) -> 
     pairs = scored_pairs(truth, torch.tensor([1, 3]), truth.flip(0), torch.tensor([3, 1]), score)
     draw_pairs(grid_png, pairs)
     routine = STRATEGIES.get("fedavg").client_routine
-    grid = InProcessGrid(build_client_app(scenario, routine, run_dir / CLIENT_STATE_DIR), 3)
+    grid = InProcessGrid(
+        build_client_app(client_spec(scenario), routine, run_dir / CLIENT_STATE_DIR), 3
+    )
     recorder = RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
 
     with message_context():

@@ -15,6 +15,7 @@ import torch
 from scipy.stats import bootstrap
 
 from fedsim.attacks import ATTACKS, resolve_attack
+from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.dlg import DLG, DLGParams
 from fedsim.attacks.optim import BatchedAdamW
@@ -268,7 +269,7 @@ def test_the_success_interval_is_wilsons() -> None:
 def _resolved(path: str, *overrides: str) -> list[str]:
     scenario = load_scenario(REPO / "scenarios" / path, list(overrides))
     uploads = STRATEGIES.get(scenario.strategy.name).shared_prefixes
-    return [a.name for a in resolve_attacks(scenario, uploads)]
+    return [a.name for a in resolve_attacks(scenario.audit, AttackSetting.of(scenario, uploads))]
 
 
 def test_auto_picks_only_the_attacks_that_fit() -> None:
@@ -298,7 +299,7 @@ def test_auto_is_the_default_and_an_explicit_list_runs_as_given() -> None:
     )
 
     assert load_scenario(REPO / "scenarios" / "failures.toml").audit.attacks == AUTO
-    (dlg,) = resolve_attacks(scenario, None)
+    (dlg,) = resolve_attacks(scenario.audit, AttackSetting.of(scenario, None))
     assert (dlg.name, dlg.params, dlg.key) == (
         "dlg",
         resolve_attack("dlg").params,
@@ -323,9 +324,8 @@ def test_hand_listed_attacks_that_ran_before_are_still_accepted(scenario: str) -
     path = REPO / "scenarios" / f"{scenario}.toml"
     base = load_scenario(path)
     uploads = STRATEGIES.get(base.strategy.name).shared_prefixes
-    for attack in resolve_attacks(
-        dataclasses.replace(base, audit=dataclasses.replace(base.audit, attacks=AUTO)), uploads
-    ):
+    auto = dataclasses.replace(base.audit, attacks=AUTO)
+    for attack in resolve_attacks(auto, AttackSetting.of(base, uploads)):
         # A short budget for optimisation attacks; closed-form ones take no steps.
         fields = {f.name for f in dataclasses.fields(ATTACKS.get(attack.name).Params)}
         budget = ", steps=5, restarts=1" if "steps" in fields else ""

@@ -8,17 +8,16 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsim.clients import CLIENT_ROUTINES
-from fedsim.clients.base import ClientEnv
+from fedsim.clients.base import ClientEnv, ClientSpec
 from fedsim.clients.defences import train_defended
 from fedsim.clients.failures import inject_failures
 from fedsim.core import protocol
-from fedsim.core.config import Scenario
 
 
 def build_client_app(
-    scenario: Scenario, routine_name: str, state_dir: Path | None = None
+    spec: ClientSpec, routine_name: str, state_dir: Path | None = None
 ) -> ClientApp:
-    """A ``ClientApp`` that runs ``routine_name`` for ``scenario``.
+    """A ``ClientApp`` that runs ``routine_name`` on clients of ``spec``.
 
     Every reply carries the client's partition id in its metrics: the server
     only sees node ids, and records results per partition. Messages the server
@@ -31,12 +30,12 @@ def build_client_app(
 
     def env_of(context: Context) -> ClientEnv:
         partition = int(context.node_config[protocol.PARTITION_ID])
-        return ClientEnv.create(scenario, partition, context.state, state_dir)
+        return ClientEnv.create(spec, partition, context.state, state_dir)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         env = env_of(context)
-        # The scenario's defences act inside the client, before the reply leaves it.
+        # The client's defences act inside it, before the reply leaves it.
         sent, config = (
             msg.content.array_records[protocol.ARRAYS],
             msg.content.config_records[protocol.CONFIG],

@@ -12,7 +12,8 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.clients.private_state import KeptOptimizers
 from fedsim.core import protocol
-from fedsim.core.config import Scenario
+from fedsim.core.components import Resolved
+from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle
 from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
@@ -28,6 +29,29 @@ from fedsim.core.training import (
 )
 
 
+@dataclass(frozen=True)
+class ClientSpec:
+    """What a client reads of its scenario, resolved once (validation builds it).
+
+    The model it trains, the data it holds a part of (``num_clients`` parts,
+    split with ``seed``), the federation's ``seed`` its own seeds derive from,
+    whether it trains on a GPU, its ``[[defences]]`` in order, and the data's
+    partitioner, or generator for a generated dataset: each resolved, its
+    class with its frozen ``Params`` (``None``: resolved from ``data`` where
+    used). How it trains (optimiser, learning rate, epochs, batch size) comes
+    with each round's config, as Flower sends it.
+    """
+
+    model: ModelConfig
+    data: DataConfig
+    num_clients: int
+    seed: int
+    use_gpu: bool = False
+    defences: tuple[Resolved, ...] = ()
+    partitioner: Resolved | None = None
+    generator: Resolved | None = None
+
+
 @dataclass
 class ClientEnv:
     """One client's world: its data indices, device and private state.
@@ -39,7 +63,7 @@ class ClientEnv:
     """
 
     partition_id: int
-    scenario: Scenario
+    spec: ClientSpec
     bundle: DatasetBundle
     split: ClientSplit
     device: torch.device
@@ -49,15 +73,15 @@ class ClientEnv:
     @classmethod
     def create(
         cls,
-        scenario: Scenario,
+        spec: ClientSpec,
         partition_id: int,
         state: RecordDict,
         state_dir: Path | None = None,
     ) -> ClientEnv:
-        fed = scenario.federation
-        bundle, split = client_data(scenario.data, fed.num_clients, fed.seed, partition_id)
-        device = gpu_if(scenario.backend.num_gpus > 0)
-        return cls(partition_id, scenario, bundle, split, device, state, state_dir)
+        bundle, split = client_data(
+            spec.data, spec.num_clients, spec.seed, partition_id, spec.partitioner, spec.generator
+        )
+        return cls(partition_id, spec, bundle, split, gpu_if(spec.use_gpu), state, state_dir)
 
     @property
     def train_data(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,20 +111,16 @@ class ClientEnv:
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """A zoo model on this client's device, loaded with ``arrays`` (may be partial)."""
         state = None if arrays is None else arrays.to_torch_state_dict()
-        seed = model_init_seed(self.scenario.federation.seed)
-        return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
+        seed = model_init_seed(self.spec.seed)
+        return build_loaded_model(self.spec.model, self.input_spec, seed, state, self.device)
 
     def seed(self, server_round: int) -> int:
         """This client's training seed in ``server_round`` (batch order, dropout, ...)."""
-        return derive_seed(
-            SeedStream.CLIENT_TRAIN, self.scenario.federation.seed, server_round, self.partition_id
-        )
+        return derive_seed(SeedStream.CLIENT_TRAIN, self.spec.seed, server_round, self.partition_id)
 
     def private_seed(self) -> int:
         """Seed of this client's private parameters' initialisation: differs between clients."""
-        return derive_seed(
-            SeedStream.PRIVATE_INIT, self.scenario.federation.seed, self.partition_id
-        )
+        return derive_seed(SeedStream.PRIVATE_INIT, self.spec.seed, self.partition_id)
 
 
 class ClientRoutine:

@@ -65,16 +65,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from torch import nn
 
-from fedsim.clients.base import ClientEnv, ClientRoutine
+from fedsim.clients.base import ClientEnv, ClientRoutine, ClientSpec
 from fedsim.core import protocol
-from fedsim.core.config import (
-    ClientConfig,
-    Scenario,
-    ScenarioError,
-    component_params,
-    lookup,
-    require,
-)
+from fedsim.core.components import Resolved, resolve
+from fedsim.core.config import ClientConfig, ComponentConfig, ScenarioError, require
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.registry import Registry
 from fedsim.core.seeds import SeedStream, derive_seed, stream_rng
@@ -120,8 +114,8 @@ class Defence:
     def __init__(self, params: Any) -> None:
         self.params = params
 
-    def check(self, scenario: Scenario, key: str) -> None:
-        """Reject scenarios this defence cannot protect (runs before Ray starts)."""
+    def check(self, client: ClientSpec, strategy: str, key: str) -> None:
+        """Reject clients (of ``strategy``) this defence cannot protect (runs before Ray starts)."""
 
     def protect(self, update: Tensors, rng: np.random.Generator) -> Tensors:
         """The update as uploaded."""
@@ -306,22 +300,22 @@ class DPSGD(Defence):
 
     Params = DPSGDParams
 
-    def check(self, scenario: Scenario, key: str) -> None:
+    def check(self, client: ClientSpec, strategy: str, key: str) -> None:
         # Opacus's optimiser replaces each gradient by the noisy sum of clipped
         # per-example gradients: a loss term outside the model (FedProx's) is lost.
         require(
-            scenario.strategy.name != "fedprox",
+            strategy != "fedprox",
             key,
             "dp-sgd",
             "cannot train FedProx: Opacus drops its proximal term; use fedavg",
         )
         from opacus.validators import ModuleValidator
 
-        spec = InputSpec(3, scenario.data.image_size, 10)  # layer types do not depend on it
-        errors = ModuleValidator.validate(build_model(scenario.model, spec), strict=False)
+        spec = InputSpec(3, client.data.image_size, 10)  # layer types do not depend on it
+        errors = ModuleValidator.validate(build_model(client.model, spec), strict=False)
         if errors:
             raise ScenarioError(
-                key, "dp-sgd", f"Opacus cannot train model {scenario.model.name!r}: {errors[0]}"
+                key, "dp-sgd", f"Opacus cannot train model {client.model.name!r}: {errors[0]}"
             )
 
     def protect_gradient(
@@ -333,7 +327,7 @@ class DPSGD(Defence):
         return {k: t + _noise(rng.normal, t, std) for k, t in clipped.items()}
 
     def training(self, env: ClientEnv, server_round: int) -> DPTraining:
-        parts = (env.scenario.federation.seed, server_round, env.partition_id)
+        parts = (env.spec.seed, server_round, env.partition_id)
         seeds = (derive_seed(SeedStream.DP_SGD, *parts), derive_seed(SeedStream.DP_SGD_GAN, *parts))
         return DPTraining(self.params, env, *seeds)
 
@@ -471,28 +465,23 @@ class DPTraining:
         os.replace(tmp, path)
 
 
-def defence_chain(scenario: Scenario) -> list[Defence]:
-    """The scenario's defences, in order, with validated parameters."""
-    chain = []
-    for i, cfg in enumerate(scenario.defences):
-        key = f"defences[{i}]"
-        cls = lookup(DEFENCES, cfg.name, key)
-        chain.append(cls(component_params(cls, cfg, key)))
-    return chain
+def resolve_defences(defences: tuple[ComponentConfig, ...]) -> tuple[Resolved, ...]:
+    """A scenario's ``[[defences]]``, in order, each resolved into its class and
+    validated parameters (once, by validation; clients receive them in their spec)."""
+    return tuple(resolve(DEFENCES, cfg, f"defences[{i}]") for i, cfg in enumerate(defences))
 
 
-def check_defences(scenario: Scenario) -> None:
-    """Validate the scenario's ``[[defences]]`` (names, parameters, combinations)."""
-    for i, defence in enumerate(defence_chain(scenario)):
-        defence.check(scenario, f"defences[{i}]")
-    names = [d.name for d in scenario.defences]
+def defence_chain(client: ClientSpec) -> list[Defence]:
+    """The client's defences, in order, built from their resolved parameters."""
+    return [resolved.create() for resolved in client.defences]
+
+
+def check_defences(client: ClientSpec, strategy: str) -> None:
+    """The client's defences fit it and ``strategy`` (combinations, the model)."""
+    for resolved, defence in zip(client.defences, defence_chain(client), strict=True):
+        defence.check(client, strategy, resolved.key)
+    names = [d.name for d in client.defences]
     require(names.count("dp-sgd") <= 1, "defences", names, "list dp-sgd at most once")
-
-
-def _rng(
-    scenario: Scenario, stream: SeedStream, server_round: int, partition: int
-) -> np.random.Generator:
-    return stream_rng(stream, scenario.federation.seed, server_round, partition)
 
 
 def protect_upload(
@@ -524,7 +513,7 @@ def train_defended(
     routine: ClientRoutine, env: ClientEnv, sent: ArrayRecord, config: ConfigRecord
 ) -> tuple[ArrayRecord, dict[str, Any]]:
     """Run ``routine.train`` under the scenario's defences (the client app's train handler)."""
-    chain = defence_chain(env.scenario)
+    chain = defence_chain(env.spec)
     if not chain:
         return routine.train(env, sent, config)
     server_round = protocol.read_int(config, protocol.SERVER_ROUND)
@@ -535,7 +524,7 @@ def train_defended(
     finally:
         TRAINING_HOOK.reset(token)
     names = {n for n, _ in routine.build(env, sent).named_parameters()}
-    rng = _rng(env.scenario, SeedStream.DEFENCE_UPLOAD, server_round, env.partition_id)
+    rng = stream_rng(SeedStream.DEFENCE_UPLOAD, env.spec.seed, server_round, env.partition_id)
     arrays = protect_upload(chain, sent, arrays, names, rng)
     for hook in hooks:
         hook.save()
@@ -544,10 +533,10 @@ def train_defended(
 
 
 def protect_probe(
-    scenario: Scenario, gradient: Tensors, batch_size: int, server_round: int, partition: int
+    client: ClientSpec, gradient: Tensors, batch_size: int, server_round: int, partition: int
 ) -> Tensors:
-    """The probe gradient as a client with the scenario's defences would share it."""
-    rng = _rng(scenario, SeedStream.DEFENCE_PROBE, server_round, partition)
-    for defence in defence_chain(scenario):
+    """The probe gradient as a client with its defences would share it."""
+    rng = stream_rng(SeedStream.DEFENCE_PROBE, client.seed, server_round, partition)
+    for defence in defence_chain(client):
         gradient = defence.protect_gradient(gradient, batch_size, rng)
     return gradient

@@ -216,7 +216,7 @@ class FedCGClient(FedSplitClient):
     shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDCG_SHARED
 
     def network(self, env: ClientEnv) -> GanSplitNet:
-        return build_gan_split_net(env.scenario.model, env.input_spec, seed=env.private_seed())
+        return build_gan_split_net(env.spec.model, env.input_spec, seed=env.private_seed())
 
     def train(
         self, env: ClientEnv, arrays: ArrayRecord, config: ConfigRecord
@@ -248,9 +248,7 @@ class FedCGClient(FedSplitClient):
             images,
             labels,
             gan_cfg,
-            derive_seed(
-                SeedStream.FEDCG_GAN, env.scenario.federation.seed, server_round, env.partition_id
-            ),
+            derive_seed(SeedStream.FEDCG_GAN, env.spec.seed, server_round, env.partition_id),
             protocol.read_float(config, protocol.FEDCG_DIVERSITY),
             (optimizers.make("discriminator", opt_d), optimizers.make("generator", opt_g)),
         )

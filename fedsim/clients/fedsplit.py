@@ -29,7 +29,7 @@ class FedSplitClient(ClientRoutine):
 
     def network(self, env: ClientEnv) -> SplitNet:
         """A fresh network, initialised with this client's private seed."""
-        return build_model(env.scenario.model, env.input_spec, seed=env.private_seed())
+        return build_model(env.spec.model, env.input_spec, seed=env.private_seed())
 
     def build(self, env: ClientEnv, arrays: ArrayRecord) -> SplitNet:
         model = self.network(env)

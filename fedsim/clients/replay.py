@@ -18,24 +18,24 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from fedsim.clients import CLIENT_ROUTINES
-from fedsim.clients.base import ClientEnv
+from fedsim.clients.base import ClientEnv, ClientSpec
 from fedsim.clients.defences import protect_probe
-from fedsim.core.config import ClientConfig, Scenario
+from fedsim.core.config import ClientConfig
 from fedsim.core.training import batch_indices, examples_touched
 from fedsim.core.truth import GroundTruth, probe_gradient
 
 
 class ClientReplay:
-    """A :class:`~fedsim.core.truth.TruthSource` that replays the scenario's clients."""
+    """A :class:`~fedsim.core.truth.TruthSource` that replays the clients of ``spec``."""
 
-    def __init__(self, scenario: Scenario, routine_name: str, state_dir: Path | None) -> None:
-        self.scenario = scenario
+    def __init__(self, spec: ClientSpec, routine_name: str, state_dir: Path | None) -> None:
+        self.spec = spec
         self.routine = CLIENT_ROUTINES.get(routine_name)()
         self.state_dir = state_dir
 
     def _env(self, partition: int) -> ClientEnv:
         # A fresh node state: private parameters come from the run directory.
-        return ClientEnv.create(self.scenario, partition, RecordDict(), self.state_dir)
+        return ClientEnv.create(self.spec, partition, RecordDict(), self.state_dir)
 
     def _used_indices(self, env: ClientEnv, server_round: int, cfg: ClientConfig) -> torch.Tensor:
         generator = torch.Generator().manual_seed(env.seed(server_round))
@@ -72,7 +72,7 @@ class ClientReplay:
         model = self.routine.build(env, sent).cpu()
         gradient = probe_gradient(model, images[local], labels[local], sent.keys())
         # What the client shares is its gradient after its own defences.
-        gradient = protect_probe(self.scenario, gradient, len(local), server_round, partition)
+        gradient = protect_probe(self.spec, gradient, len(local), server_round, partition)
         return gradient, self._truth(env, local)
 
     def layer_inputs(

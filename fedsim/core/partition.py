@@ -7,14 +7,15 @@ split is carved from its own indices by :func:`client_split`.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from fedsim.core.config import ComponentConfig, DataConfig, component_params, require
+from fedsim.core.components import Resolved, resolve
+from fedsim.core.config import ComponentConfig, DataConfig, require
 from fedsim.core.data import (
     DatasetBundle,
     feature_bundle,
@@ -160,17 +161,60 @@ class ClientSplit:
     from_test_set: bool = False
 
 
-@functools.lru_cache(maxsize=4)
-def partition_dataset(cfg: DataConfig, num_clients: int, seed: int) -> tuple[ClientSplit, ...]:
-    """All clients' splits (computed once per process; cheap next to training).
+T = TypeVar("T")
+
+
+def _kept(store: OrderedDict[Hashable, T], size: int, key: Hashable, make: Callable[[], T]) -> T:
+    """``store[key]``, made by ``make()`` on a miss; the ``size`` most recently used are kept."""
+    if key in store:
+        store.move_to_end(key)
+        return store[key]
+    value = store[key] = make()
+    if len(store) > size:
+        store.popitem(last=False)
+    return value
+
+
+_SPLITS: OrderedDict[Hashable, tuple[ClientSplit, ...]] = OrderedDict()
+_GENERATED: OrderedDict[Hashable, tuple[DatasetBundle, ClientSplit]] = OrderedDict()
+
+
+def resolve_partitioner(cfg: DataConfig) -> Resolved:
+    """``data.partitioner``'s function and parameters (validation resolves it once)."""
+    return resolve(PARTITIONERS, cfg.partitioner, "data.partitioner")
+
+
+def resolve_generator(cfg: DataConfig) -> Resolved | None:
+    """A generated dataset's generator and its ``data.generator`` parameters; ``None`` for
+    a dataset of stored examples."""
+    generator = generated_dataset(cfg)
+    if generator is None:
+        return None
+    return Resolved(cfg.dataset, generator, generator.params(cfg), "data.generator")  # type: ignore[arg-type]
+
+
+def partition_dataset(
+    cfg: DataConfig, num_clients: int, seed: int, partitioner: Resolved | None = None
+) -> tuple[ClientSplit, ...]:
+    """All clients' splits (computed once per process; cheap next to training), by
+    ``partitioner`` (``cfg.partitioner`` resolved; resolved here when not given).
 
     Stored datasets only: a generated one has no population-wide split (:func:`client_data`).
     """
     if generated_dataset(cfg):
         raise ValueError(f"dataset {cfg.dataset!r} is generated per client: use client_data")
+
+    def split() -> tuple[ClientSplit, ...]:
+        return _split(cfg, num_clients, seed, partitioner or resolve_partitioner(cfg))
+
+    return _kept(_SPLITS, 4, (cfg, num_clients, seed), split)
+
+
+def _split(
+    cfg: DataConfig, num_clients: int, seed: int, resolved: Resolved
+) -> tuple[ClientSplit, ...]:
     labels = load_dataset(cfg).train_labels.numpy()
-    partitioner = PARTITIONERS.get(cfg.partitioner.name)
-    params = component_params(partitioner, cfg.partitioner, "data.partitioner")
+    partitioner, params = resolved.cls, resolved.params
     rng = stream_rng(SeedStream.PARTITION, seed)
     if isinstance(partitioner, FlowerPartitioner):
         columns = load_raw(cfg).train_columns
@@ -209,12 +253,13 @@ def test_set_slices(
     return {"val": np.sort(val), "test": np.sort(test)}
 
 
-def client_size(cfg: DataConfig, client: int) -> int:
-    """How many examples ``client`` of a generated dataset holds (capped by samples-per-client)."""
-    generator = generated_dataset(cfg)
+def client_size(cfg: DataConfig, client: int, generator: Resolved | None = None) -> int:
+    """How many examples ``client`` of a generated dataset holds (capped by samples-per-client);
+    ``generator``: the dataset's, resolved (resolved here when not given)."""
+    generator = generator or resolve_generator(cfg)
     if generator is None:
         raise ValueError(f"dataset {cfg.dataset!r} is not generated")
-    size = generator.device_size(generator.params(cfg), client)
+    size = generator.cls.device_size(generator.params, client)
     return min(size, cfg.samples_per_client) if cfg.samples_per_client else size
 
 
@@ -223,12 +268,11 @@ def local_test_count(cfg: DataConfig, held: int) -> int:
     return round(cfg.test_fraction * held)
 
 
-@functools.lru_cache(maxsize=8)
-def _generated_client(cfg: DataConfig, client: int) -> tuple[DatasetBundle, ClientSplit]:
-    generator = generated_dataset(cfg)
-    assert generator is not None
-    params = generator.params(cfg)
-    held = client_size(cfg, client)
+def _generated_client(
+    cfg: DataConfig, client: int, resolved: Resolved
+) -> tuple[DatasetBundle, ClientSplit]:
+    generator, params = resolved.cls, resolved.params
+    held = client_size(cfg, client, resolved)
     x, y = generator.device_examples(params, client, held, SeedStream.GENERATED_SAMPLES)
     num_train = held - local_test_count(cfg, held)
     _, classes = generator.shape(params)
@@ -238,7 +282,12 @@ def _generated_client(cfg: DataConfig, client: int) -> tuple[DatasetBundle, Clie
 
 
 def client_data(
-    cfg: DataConfig, num_clients: int, seed: int, client: int
+    cfg: DataConfig,
+    num_clients: int,
+    seed: int,
+    client: int,
+    partitioner: Resolved | None = None,
+    generator: Resolved | None = None,
 ) -> tuple[DatasetBundle, ClientSplit]:
     """Client ``client``'s bundle and its split into local training and test indices.
 
@@ -246,7 +295,16 @@ def client_data(
     :func:`partition_dataset`. A generated one: the client's own examples, drawn
     from its seed streams on demand (a few cached per process), split
     ``1 - test-fraction`` / ``test-fraction``; its cost is this client's alone.
+    ``partitioner`` and ``generator``: ``cfg``'s, resolved (a client's spec carries
+    them; resolved here when not given).
     """
     if generated_dataset(cfg):
-        return _generated_client(replace(cfg, partitioner=ComponentConfig("iid")), client)
-    return load_dataset(cfg), partition_dataset(cfg, num_clients, seed)[client]
+        key = replace(cfg, partitioner=ComponentConfig("iid"))
+
+        def draw() -> tuple[DatasetBundle, ClientSplit]:
+            resolved = generator or resolve_generator(cfg)
+            assert resolved is not None
+            return _generated_client(key, client, resolved)
+
+        return _kept(_GENERATED, 8, (key, client), draw)
+    return load_dataset(cfg), partition_dataset(cfg, num_clients, seed, partitioner)[client]

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.core import protocol
-from fedsim.core.config import Scenario
+from fedsim.core.config import DataConfig, Scenario
 from fedsim.core.metrics import median_interval
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import (
@@ -41,11 +41,10 @@ from fedsim.outputs.tables import (
 from fedsim.outputs.verdict import strongest_attacks, victim_verdicts
 
 
-def _split_of(scenario: Scenario) -> str:
+def _split_of(data: DataConfig) -> str:
     """How the clients' data arises: the partitioner, or a generated dataset's parameters."""
     from fedsim.core.data import generated_dataset
 
-    data = scenario.data
     if generated_dataset(data) is None:
         return data.partitioner.name
     given = ", ".join(f"{k} = {v}" for k, v in data.generator.params.items())
@@ -176,7 +175,7 @@ def write_summary(
         scenario.description or "",
         "",
         f"- strategy: {scenario.strategy.name}; model: {scenario.model.name} "
-        f"({scenario.model.init}); dataset: {scenario.data.dataset} ({_split_of(scenario)})",
+        f"({scenario.model.init}); dataset: {scenario.data.dataset} ({_split_of(scenario.data)})",
         f"- clients: {scenario.federation.num_clients}, "
         f"{scenario.federation.sampled_per_round} per round; rounds: {len(rows)}",
         accuracy_line(last, best),

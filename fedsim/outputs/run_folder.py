@@ -21,7 +21,7 @@ import tomli_w
 import torch
 from flwr.app import ArrayRecord
 
-from fedsim.core.config import Scenario, ScenarioError, require, scenario_to_dict
+from fedsim.core.config import OutputConfig, Scenario, ScenarioError, require, scenario_to_dict
 
 METRICS_FILE = "metrics.csv"
 
@@ -184,7 +184,9 @@ def unlock_run_dir(run_dir: Path) -> None:
         os.close(fd)  # closing the descriptor releases the flock
 
 
-def new_run_dir(scenario: Scenario, out: str | Path | None, force: bool = False) -> Path:
+def new_run_dir(
+    output: OutputConfig, name: str, out: str | Path | None, force: bool = False
+) -> Path:
     """``out`` if given, else ``<output.dir>/<name>-<timestamp>``; created empty and locked.
 
     A given ``out`` that already holds files is refused (a
@@ -193,10 +195,10 @@ def new_run_dir(scenario: Scenario, out: str | Path | None, force: bool = False)
     """
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = Path(scenario.output.dir) / f"{scenario.name}-{stamp}"
+        path = Path(output.dir) / f"{name}-{stamp}"
         suffix = 1
         while path.exists():
-            path = Path(scenario.output.dir) / f"{scenario.name}-{stamp}-{suffix}"
+            path = Path(output.dir) / f"{name}-{stamp}-{suffix}"
             suffix += 1
     else:
         path = Path(out)

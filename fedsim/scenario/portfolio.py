@@ -26,7 +26,14 @@ from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LEAKS
 from fedsim.attacks.replay import replay_refusal
 from fedsim.core.components import Resolved, resolve
-from fedsim.core.config import AUTO, ComponentConfig, Scenario, ScenarioError, require
+from fedsim.core.config import (
+    AUTO,
+    AuditConfig,
+    ComponentConfig,
+    FederationConfig,
+    ScenarioError,
+    require,
+)
 from fedsim.core.registry import Registry
 
 PORTFOLIO = (
@@ -77,15 +84,15 @@ def reconstruction_refusal(images: int) -> str | None:
     )
 
 
-def replays_updates(scenario: Scenario) -> bool:
+def replays_updates(setting: AttackSetting) -> bool:
     """Whether the server can replay the clients' local training (updates, a known optimiser
     state: :func:`fedsim.attacks.replay.replay_refusal`)."""
-    return scenario.audit.threat_model == "update" and replay_refusal(scenario.client) is None
+    return setting.threat_model == "update" and replay_refusal(setting.client) is None
 
 
-def budget(name: str, scenario: Scenario) -> dict[str, Any]:
-    """The portfolio's parameters for attack ``name`` in ``scenario``."""
-    model = scenario.model.name
+def budget(name: str, setting: AttackSetting) -> dict[str, Any]:
+    """The portfolio's parameters for attack ``name`` in ``setting``."""
+    model = setting.model.name
     caps = _RESNET if model.startswith("resnet") else _MEASURED.get(model, _UNMEASURED)
     if name in _REPLAYED:
         return dict(_REPLAYED[name])
@@ -96,7 +103,7 @@ def budget(name: str, scenario: Scenario) -> dict[str, Any]:
     if name == "inverting-gradients":
         # IG replays several local steps where the server can; otherwise it reads an
         # update as one large-batch gradient (as DLG does).
-        params["unroll"] = replays_updates(scenario)
+        params["unroll"] = replays_updates(setting)
     return params
 
 
@@ -111,22 +118,19 @@ class AuditPlan:
     probe_attacks: tuple[Resolved, ...] = ()
 
 
-def resolve_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditPlan:
-    """The scenario's audit, resolved (:func:`resolve_attacks`, :func:`resolve_leaks`).
+def resolve_audit(audit: AuditConfig, setting: AttackSetting) -> AuditPlan:
+    """``audit`` in ``setting``, resolved (:func:`resolve_attacks`, :func:`resolve_leaks`).
 
     With ``probe-rounds`` in an ``update`` audit, a listed attack runs under each threat
     model it applies to (``analytic-fc`` on the probe only, say) and is refused only
     where it applies to neither."""
-    audit = scenario.audit
-    leaks = resolve_leaks(scenario, uploads)
+    leaks = resolve_leaks(audit, setting)
     if not audit.probe_rounds or audit.threat_model == "probe":
-        return AuditPlan(resolve_attacks(scenario, uploads), leaks)
-    probed = dataclasses.replace(scenario, audit=dataclasses.replace(audit, threat_model="probe"))
+        return AuditPlan(resolve_attacks(audit, setting), leaks)
+    probed = dataclasses.replace(setting, threat_model="probe")
     if audit.attacks == AUTO:
-        return AuditPlan(
-            resolve_attacks(scenario, uploads), leaks, resolve_attacks(probed, uploads)
-        )
-    settings = (AttackSetting.of(scenario, uploads), AttackSetting.of(probed, uploads))
+        return AuditPlan(resolve_attacks(audit, setting), leaks, resolve_attacks(audit, probed))
+    settings = (setting, probed)
     runs: tuple[list[Resolved], list[Resolved]] = ([], [])
     for i, attack in enumerate(audit.attacks):
         key = f"audit.attacks[{i}]"
@@ -143,29 +147,27 @@ def resolve_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditP
     return AuditPlan(tuple(runs[0]), leaks, tuple(runs[1]))
 
 
-def resolve_attacks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:
-    """The attacks the audit runs, resolved: the scenario's list (each checked, a bad one
-    raises), or for ``"auto"`` the portfolio's that apply (possibly none).
+def resolve_attacks(audit: AuditConfig, setting: AttackSetting) -> tuple[Resolved, ...]:
+    """The attacks ``audit`` runs in ``setting``, resolved: its list (each checked, a bad
+    one raises), or for ``"auto"`` the portfolio's that apply (possibly none).
 
-    ``uploads``: the parameter-name prefixes the strategy's clients upload
-    (``None``: the whole model).
+    The threat model is ``setting``'s (``audit.threat-model``, or the probe of
+    ``audit.probe-rounds``).
     """
-    attacks = scenario.audit.attacks
-    setting = AttackSetting.of(scenario, uploads)
+    attacks = audit.attacks
     if attacks != AUTO:
         return tuple(
             _checked(ATTACKS, attack, f"audit.attacks[{i}]", setting)
             for i, attack in enumerate(attacks)
         )
     names = [name for name in PORTFOLIO if name in ATTACKS.names()]
-    return _applying(ATTACKS, "audit.attacks", names, setting, lambda n: budget(n, scenario))
+    return _applying(ATTACKS, "audit.attacks", names, setting, lambda n: budget(n, setting))
 
 
-def resolve_leaks(scenario: Scenario, uploads: tuple[str, ...] | None) -> tuple[Resolved, ...]:
-    """The leak analyses the audit runs, resolved: the scenario's list (each checked), or
-    for ``"auto"`` every registered analysis that applies, at its defaults."""
-    leaks = scenario.audit.leaks
-    setting = AttackSetting.of(scenario, uploads)
+def resolve_leaks(audit: AuditConfig, setting: AttackSetting) -> tuple[Resolved, ...]:
+    """The leak analyses ``audit`` runs in ``setting``, resolved: its list (each checked),
+    or for ``"auto"`` every registered analysis that applies, at its defaults."""
+    leaks = audit.leaks
     if leaks != AUTO:
         return tuple(
             _checked(LEAKS, leak, f"audit.leaks[{i}]", setting) for i, leak in enumerate(leaks)
@@ -203,10 +205,9 @@ def _checked(
     return resolved
 
 
-def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditPlan:
-    """Audit victims and rounds lie inside the federation; every attack and leak analysis
-    can see its target. Returns them, resolved."""
-    audit, fed = scenario.audit, scenario.federation
+def check_audit(audit: AuditConfig, fed: FederationConfig, setting: AttackSetting) -> AuditPlan:
+    """Audit victims and rounds lie inside the federation ``fed``; every attack and leak
+    analysis can see its target in ``setting``. Returns them, resolved."""
     for victim in audit.victim_ids:
         require(
             0 <= victim < fed.num_clients,
@@ -222,7 +223,7 @@ def check_audit(scenario: Scenario, uploads: tuple[str, ...] | None) -> AuditPla
             list(rounds),
             f"rounds are 1 to {fed.rounds} (federation.rounds); {late} would audit nothing",
         )
-    plan = resolve_audit(scenario, uploads)
+    plan = resolve_audit(audit, setting)
     require(
         bool(plan.attacks or plan.leaks),
         "audit.attacks",

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedsim.core.config import Scenario, ScenarioError, scenario_to_dict
+from fedsim.core.config import ScenarioError
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import CHECKPOINT_DIR, CLIENT_STATE_DIR, inside
 from fedsim.strategies.base import FedsimStrategy
@@ -256,12 +256,12 @@ class Checkpointer:
         self,
         run_dir: Path,
         strategy: FedsimStrategy,
-        scenario: Scenario,
+        scenario: Mapping[str, Any],
         components: Sequence[Checkpointable] = (),
     ) -> None:
         self.run_dir = run_dir
         self.strategy = strategy
-        self.scenario = scenario_to_dict(scenario)
+        self.scenario = scenario  # as scenario.toml holds it (scenario_to_dict)
         self.components = components
 
     def on_round_end(self, record: RoundRecord, arrays: ArrayRecord) -> None:

@@ -27,7 +27,7 @@ from flwr.app import ConfigRecord, Message
 
 from fedsim.clients.failures import INJECTED_MARKER
 from fedsim.core import protocol
-from fedsim.core.config import FailureConfig, Scenario, ScenarioError
+from fedsim.core.config import FailureConfig, ScenarioError
 from fedsim.core.seeds import SeedStream, choose
 from fedsim.strategies.base import required_replies, with_record
 
@@ -37,10 +37,9 @@ def failing_count(fraction: float, sampled: int) -> int:
     return math.floor(fraction * sampled + 0.5)
 
 
-def check_failures(scenario: Scenario, strategy_min_replies: float) -> None:
-    """Reject injected failures that leave every round short of replies (before Ray)."""
-    cfg = scenario.failures
-    sampled = scenario.federation.sampled_per_round
+def check_failures(cfg: FailureConfig, sampled: int, strategy_min_replies: float) -> None:
+    """Reject injected failures that leave every round short of replies, ``sampled``
+    clients a round (before Ray)."""
     min_fraction = cfg.min_replies or strategy_min_replies
     needed = required_replies(min_fraction, sampled)
     failing = failing_count(cfg.fraction, sampled)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.audit.tasks import AUDIT_RESERVATION_NAME
-from fedsim.core.config import Scenario, ScenarioError
+from fedsim.core.config import AuditConfig, BackendConfig, ScenarioError
 from fedsim.core.devices import test_logical_gpus
 from fedsim.core.plugins import PLUGINS_ENV
 
@@ -127,7 +127,11 @@ def _num(x: float) -> str:
 
 
 def plan_resources(
-    scenario: Scenario, nodes: list[NodeResources], where: str, audit_workers: int
+    backend: BackendConfig,
+    audit: AuditConfig,
+    nodes: list[NodeResources],
+    where: str,
+    audit_workers: int,
 ) -> ResourcePlan:
     """Place the audit's reservation (``audit_workers`` bundles:
     :func:`~fedsim.audit.tasks.reserved_workers`), then as many client actors as fit
@@ -135,7 +139,6 @@ def plan_resources(
 
     Raises :class:`ResourceError` naming the keys, what exists and a split that fits.
     """
-    backend, audit = scenario.backend, scenario.audit
     total_gpus = sum(n.gpus for n in nodes)
     has = f"{where} has {_num(sum(n.cpus for n in nodes))} CPUs and {_num(total_gpus)} GPUs"
     if backend.num_gpus > 0 and total_gpus == 0:
@@ -151,7 +154,7 @@ def plan_resources(
             per_node = min(per_node, math.floor(g / backend.num_gpus + EPS))
         actors += max(0, per_node)
     if actors == 0:
-        raise _no_client_fits(scenario, left, audit_workers, audit_cpus, audit_gpus, has)
+        raise _no_client_fits(backend, left, audit_workers, audit_cpus, audit_gpus, has)
     return ResourcePlan(
         where=where,
         nodes=tuple(nodes),
@@ -192,7 +195,7 @@ def _place_audit(
 
 
 def _no_client_fits(
-    scenario: Scenario,
+    backend: BackendConfig,
     left: dict[str, list[float]],
     workers: int,
     audit_cpus: float,
@@ -200,7 +203,6 @@ def _no_client_fits(
     has: str,
 ) -> ResourceError:
     """The refusal when no client actor fits beside the audit: the key short of room, and a fix."""
-    backend = scenario.backend
     gpus_left = max(g for _, g in left.values())
     cpus_left = max(c for c, _ in left.values())
     if backend.num_gpus > 0 and gpus_left + EPS < backend.num_gpus:
@@ -247,13 +249,15 @@ def _audit_fix(nodes: list[NodeResources], cpus: float, gpus: float) -> str:
 # -- Ray ---------------------------------------------------------------------------
 
 
-def local_nodes(scenario: Scenario, audit_workers: int) -> list[NodeResources]:
+def local_nodes(
+    backend: BackendConfig, audit: AuditConfig, audit_workers: int
+) -> list[NodeResources]:
     """This machine as the Ray fedsim would start on it (before it starts), with a CPU per
     thread of the audit's ``audit_workers`` on top of its cores."""
     import torch
 
-    cpus = scenario.backend.ray_cpus or os.cpu_count() or 1
-    cpus += audit_workers * scenario.audit.threads_per_attack
+    cpus = backend.ray_cpus or os.cpu_count() or 1
+    cpus += audit_workers * audit.threads_per_attack
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else test_logical_gpus()
     return [NodeResources("this machine", float(cpus), float(gpus))]
 
@@ -323,14 +327,13 @@ cluster fedsim joins keeps its own settings.
 """
 
 
-def start_ray(scenario: Scenario, audit_workers: int) -> ResourcePlan:
+def start_ray(backend: BackendConfig, audit: AuditConfig, audit_workers: int) -> ResourcePlan:
     """Start or join Ray and return the plan (the audit reserving ``audit_workers``);
     refuses a split before any client starts."""
     import logging
 
     import ray
 
-    backend = scenario.backend
     common: dict[str, Any] = {
         "logging_level": logging.ERROR,
         "log_to_driver": False,
@@ -341,14 +344,13 @@ def start_ray(scenario: Scenario, audit_workers: int) -> ResourcePlan:
         check_address_answers(backend.address)
         ray.init(address=backend.address, **common)
         try:
-            return plan_resources(
-                scenario, cluster_nodes(), f"the Ray cluster at {backend.address}", audit_workers
-            )
+            where = f"the Ray cluster at {backend.address}"
+            return plan_resources(backend, audit, cluster_nodes(), where, audit_workers)
         except BaseException:
             ray.shutdown()
             raise
-    (machine,) = local_nodes(scenario, audit_workers)
-    plan = plan_resources(scenario, [machine], "this machine", audit_workers)
+    (machine,) = local_nodes(backend, audit, audit_workers)
+    plan = plan_resources(backend, audit, [machine], "this machine", audit_workers)
     # "local": a new Ray of our own, never a cluster that ``ray start`` left in
     # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one).
     ray.init(

@@ -203,7 +203,7 @@ def _load_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _check_continues(path: Path, state: Mapping[str, Any], scenario: Scenario) -> None:
+def _check_continues(path: Path, state: Mapping[str, Any], rounds: int) -> None:
     """``scenario.toml`` is the checkpoint's but for more rounds, and rounds are left to run."""
     # The file as written, not as parsed: keys a newer fedsim added, with their
     # defaults, are no edit.
@@ -218,7 +218,6 @@ def _check_continues(path: Path, state: Mapping[str, Any], scenario: Scenario) -
             f"{SCENARIO_FILE} changed since the checkpoint ({changed[0]}); "
             "only federation.rounds may change",
         )
-    rounds = scenario.federation.rounds
     # Fewer rounds than were run would leave metrics and summary disagreeing with
     # scenario.toml.
     require(
@@ -251,7 +250,7 @@ def open_resume(run_dir: str | Path) -> tuple[Scenario, Checkpoint]:
     scenario = load_scenario(path / SCENARIO_FILE)
     recover(path)
     state = _load_state(path)
-    _check_continues(path, state, scenario)
+    _check_continues(path, state, scenario.federation.rounds)
     restore_client_state(path)
     checkpoint = Checkpoint(
         run_dir=path,

@@ -20,7 +20,7 @@ from fedsim.audit.tasks import reserved_workers
 from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.clients.replay import ClientReplay
-from fedsim.core.config import Scenario
+from fedsim.core.config import BackendConfig, Scenario, scenario_to_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec
@@ -36,7 +36,9 @@ from fedsim.outputs.run_folder import (
     write_scenario,
 )
 from fedsim.outputs.tensorboard import TensorBoardLog
-from fedsim.scenario.validate import Components, actor_count, ray_cpus, validate
+from fedsim.scenario.components import Components
+from fedsim.scenario.machine import actor_count, ray_cpus
+from fedsim.scenario.validate import validate
 from fedsim.simulation.checkpoint import Checkpoint, Checkpointable, Checkpointer, restore_rng
 from fedsim.simulation.discovery import discover_partitions
 from fedsim.simulation.failures import FailurePlan, HideInjectedFailures, check_failures
@@ -60,20 +62,19 @@ class RunResult:
     final_arrays: ArrayRecord
 
 
-def backend_config(scenario: Scenario) -> dict[str, Any]:
+def backend_config(backend: BackendConfig) -> dict[str, Any]:
     """Flower's backend config: the client actors' resources.
 
     In a fedsim run Ray is already running (:func:`fedsim.simulation.resources.start_ray`)
     and Flower ignores ``init_args``; they matter only to benches that run a bare
     Flower app on the same CPUs.
     """
-    backend = scenario.backend
     return {
         "client_resources": {"num_cpus": backend.num_cpus, "num_gpus": backend.num_gpus},
         "init_args": {
             "logging_level": logging.ERROR,
             "log_to_driver": False,
-            "num_cpus": ray_cpus(scenario),
+            "num_cpus": ray_cpus(backend),
         },
     }
 
@@ -108,7 +109,12 @@ def sampled_grid(grid: Grid, components: Components, sampler: PartitionSampler) 
     (``failures.min-replies``, else the strategy's own)."""
     scenario = components.scenario
     min_replies = scenario.failures.min_replies or components.strategy.cls.min_replies
-    return SampledGrid(grid, sampler, min_replies, StragglerPlan.from_scenario(scenario))
+    return SampledGrid(
+        grid,
+        sampler,
+        min_replies,
+        StragglerPlan.of(scenario.federation, scenario.client.local_epochs),
+    )
 
 
 def _auditor(
@@ -124,7 +130,7 @@ def _auditor(
     )
     # The harness knows the clients: it gives the scorer its truth source.
     routine = components.strategy.cls.client_routine
-    truth = ClientReplay(scenario, routine, run_dir / CLIENT_STATE_DIR)
+    truth = ClientReplay(components.client, routine, run_dir / CLIENT_STATE_DIR)
     plan = components.audit
     pool = AuditPool.split(bundle.test_images, bundle.test_labels, scenario.audit.seed)
     return Auditor(
@@ -172,11 +178,16 @@ def serve(
     scenario = components.scenario
     fed = scenario.federation
     server = ServerResources(
-        scenario, load_dataset(scenario.data), gpu_if(scenario.backend.num_gpus > 0)
+        scenario.model,
+        fed.seed,
+        load_dataset(scenario.data),
+        gpu_if(scenario.backend.num_gpus > 0),
     )
     if phases:
         phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")
-    nodes = discover_partitions(grid, expected=fed.num_clients, probes=2 * actor_count(scenario))
+    nodes = discover_partitions(
+        grid, expected=fed.num_clients, probes=2 * actor_count(scenario.backend)
+    )
     if phases:
         phases(f"{len(nodes)} clients ready; training")
     sampler = PartitionSampler(nodes, fed.seed, fed.sampled_per_round, fed.evaluated_per_round)
@@ -190,7 +201,7 @@ def serve(
     # The audit's findings are checkpointed with the recorder's rows (its AuditLog).
     findings = (*(o.log for o in observers), recorder)
     stateful = [c for c in findings if isinstance(c, Checkpointable)]
-    checkpointer = Checkpointer(recorder.run_dir, strategy, scenario, stateful)
+    checkpointer = Checkpointer(recorder.run_dir, strategy, scenario_to_dict(scenario), stateful)
     arrays = _starting_arrays(strategy, stateful, resume)
     first_round = resume.round + 1 if resume is not None else 1
     begin, end = ((guard.begin_outputs,), (guard.end_outputs,)) if guard else ((), ())
@@ -238,7 +249,8 @@ def run_scenario(
     guard.last_round = resume.round if resume is not None else 0
     with guard.installed():
         try:
-            return _run(scenario, out, console, callbacks, resume, force, session, guard)
+            components = validate(scenario)
+            return _run(components, out, console, callbacks, resume, force, session, guard)
         except RunInterrupted:
             raise
         except BaseException as err:
@@ -276,18 +288,19 @@ def _server_app(
 
 
 def _run_dir(
-    scenario: Scenario, out: str | Path | None, force: bool, resume: Checkpoint | None
+    components: Components, out: str | Path | None, force: bool, resume: Checkpoint | None
 ) -> Path:
     """A new run folder holding the scenario, or the resumed run's."""
     if resume is not None:
         return resume.run_dir
-    run_dir = new_run_dir(scenario, out, force)
+    scenario = components.scenario
+    run_dir = new_run_dir(scenario.output, scenario.name, out, force)
     write_scenario(scenario, run_dir)
     return run_dir
 
 
 def _run(
-    scenario: Scenario,
+    components: Components,
     out: str | Path | None,
     console: Console | None,
     callbacks: tuple[RoundCallback, ...],
@@ -296,14 +309,14 @@ def _run(
     session: RaySession,
     guard: StopGuard,
 ) -> RunResult:
-    """:func:`run_scenario` under its ``guard``."""
+    """:func:`run_scenario` of the validated ``components`` under its ``guard``."""
     from flwr.simulation import run_simulation
 
-    components = validate(scenario)
+    scenario = components.scenario
     reap_orphans()  # Ray processes of earlier runs whose driver was killed
     console = console or Console(soft_wrap=True)
-    check_failures(scenario, components.strategy.cls.min_replies)
     fed = scenario.federation
+    check_failures(scenario.failures, fed.sampled_per_round, components.strategy.cls.min_replies)
     quiet_flower(HideInjectedFailures())
     if resume is None:
         check_out_folder(out, force)  # a finished or running run's folder, before Ray's start-up
@@ -314,10 +327,10 @@ def _run(
         # right after connecting to it), before the run folder exists.
         audit = components.audit
         workers = reserved_workers(scenario.audit, (*audit.attacks, *audit.probe_attacks))
-        plan = start_ray(scenario, workers)
+        plan = start_ray(scenario.backend, scenario.audit, workers)
         guard.reclaim()
         try:
-            run_dir = _run_dir(scenario, out, force, resume)
+            run_dir = _run_dir(components, out, force, resume)
             session.run_dir = guard.run_dir = run_dir
             recorder = RunRecorder(run_dir, fed.rounds, console)
             outcome: queue.Queue[ArrayRecord | BaseException] = queue.Queue()
@@ -325,7 +338,9 @@ def _run(
                 outcome, components, recorder, console, callbacks, resume, guard, phases
             )
             client_app = build_client_app(
-                scenario, components.strategy.cls.client_routine, run_dir / CLIENT_STATE_DIR
+                components.client,
+                components.strategy.cls.client_routine,
+                run_dir / CLIENT_STATE_DIR,
             )
             console.print(
                 f"[bold]fedsim[/bold] {scenario.name}: {scenario.strategy.name} on "
@@ -342,17 +357,17 @@ def _run(
                     server_app=server_app,
                     client_app=client_app,
                     num_supernodes=fed.num_clients,
-                    backend_config=backend_config(scenario),
+                    backend_config=backend_config(scenario.backend),
                 )
         finally:
             stop_ray()
-    return _finish(outcome, guard, scenario, recorder, console)
+    return _finish(outcome, guard, components, recorder, console)
 
 
 def _finish(
     outcome: queue.Queue[ArrayRecord | BaseException],
     guard: StopGuard,
-    scenario: Scenario,
+    components: Components,
     recorder: RunRecorder,
     console: Console,
 ) -> RunResult:
@@ -364,6 +379,7 @@ def _finish(
         raise guard.interrupted() if guard.stop.is_set() else result
     run_dir = recorder.run_dir
     save_model(result, run_dir)
-    console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
+    summary = write_summary(components.scenario, recorder.rows, run_dir, recorder.wall_seconds)
+    console.print(summary)
     console.print(f"report: {write_run_report(run_dir)}")
     return RunResult(run_dir, recorder.rows, result)

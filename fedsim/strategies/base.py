@@ -36,7 +36,7 @@ from fedsim.core.seeds import model_init_seed
 from fedsim.core.training import evaluate
 
 if TYPE_CHECKING:
-    from fedsim.core.config import Scenario
+    from fedsim.core.config import ModelConfig, Scenario
 
 
 class TooFewReplies(RuntimeError):
@@ -66,9 +66,11 @@ def with_record(message: Message, key: str, record: Any) -> Message:
 
 @dataclass
 class ServerResources:
-    """What the server process holds: the scenario and the held-out test set."""
+    """What the server process holds: the model it builds (``model_config``, initialised
+    from the federation's ``seed``) and the held-out test set."""
 
-    scenario: Scenario
+    model_config: ModelConfig
+    seed: int
     bundle: DatasetBundle
     device: torch.device
 
@@ -80,8 +82,8 @@ class ServerResources:
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """The global model on the server's device, loaded with ``arrays``."""
         state = None if arrays is None else arrays.to_torch_state_dict()
-        seed = model_init_seed(self.scenario.federation.seed)
-        return build_loaded_model(self.scenario.model, self.input_spec, seed, state, self.device)
+        seed = model_init_seed(self.seed)
+        return build_loaded_model(self.model_config, self.input_spec, seed, state, self.device)
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Loss and accuracy of the global model on the held-out test set: the round

@@ -196,10 +196,10 @@ class FedCG(FedSplit):
     def server_arguments(cls, server: ServerResources) -> dict[str, Any]:
         """The seeded classifier + generator pair on the server's device, and the
         federation's seed."""
-        seed = server.scenario.federation.seed
+        seed = server.seed
 
         def network() -> GanSplitNet:
-            spec, model = server.input_spec, server.scenario.model
+            spec, model = server.input_spec, server.model_config
             return build_gan_split_net(model, spec, model_init_seed(seed)).to(server.device)
 
         return {"network": network, "seed": seed}

@@ -25,7 +25,7 @@ from fedsim.core import protocol
 from fedsim.core.seeds import SeedStream, choose, stream_rng
 
 if TYPE_CHECKING:
-    from fedsim.core.config import Scenario
+    from fedsim.core.config import FederationConfig
 
 
 def straggler_count(fraction: float, sampled: int) -> int:
@@ -42,12 +42,12 @@ class StragglerPlan:
     epochs: int  # the scenario's local-epochs, E
 
     @classmethod
-    def from_scenario(cls, scenario: Scenario) -> StragglerPlan | None:
-        """The plan for a scenario, or ``None`` when nobody straggles."""
-        fed = scenario.federation
+    def of(cls, fed: FederationConfig, epochs: int) -> StragglerPlan | None:
+        """The plan of federation ``fed`` whose clients train ``epochs`` local epochs, or
+        ``None`` when nobody straggles."""
         if fed.stragglers == 0:
             return None
-        return cls(fed.seed, fed.stragglers, scenario.client.local_epochs)
+        return cls(fed.seed, fed.stragglers, epochs)
 
     def stragglers(self, server_round: int, partitions: Sequence[int]) -> dict[int, int]:
         """Straggling partition -> its epochs (uniform in 1..E) among ``partitions``."""
