@@ -346,17 +346,18 @@ def _run(
                 )
         finally:
             stop_ray()
-    return _finish(outcome, guard, scenario, recorder, console)
+    return _finish(outcome, guard, components, recorder, console)
 
 
 def _finish(
     outcome: queue.Queue[ArrayRecord | BaseException],
     guard: StopGuard,
-    scenario: Scenario,
+    components: Components,
     recorder: RunRecorder,
     console: Console,
 ) -> RunResult:
     """The final model, summary and report of a simulation that ended; its error else."""
+    scenario = components.scenario
     if outcome.empty():
         raise RuntimeError("the simulation ended without a result; see the log above")
     result = outcome.get()
@@ -364,6 +365,9 @@ def _finish(
         raise guard.interrupted() if guard.stop.is_set() else result
     run_dir = recorder.run_dir
     save_model(result, run_dir)
-    console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
+    departures = components.strategy.cls.departures(components.strategy.params)
+    console.print(
+        write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds, departures)
+    )
     console.print(f"report: {write_run_report(run_dir)}")
     return RunResult(run_dir, recorder.rows, result)
