@@ -12,12 +12,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import re
 
 import numpy as np
 import pytest
 import torch
 
+from fedsim.attacks.analytic import invert_features
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.generator_leak import GeneratorRepresentatives, GeneratorRepresentativesParams
 from fedsim.attacks.leakage import LEAKS, LeakInput, PublicData
@@ -28,7 +30,7 @@ from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioEr
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.gan import build_gan_split_net
 from fedsim.core.leak_metrics import RepresentativeScore, score_representatives
-from fedsim.core.models import InputSpec
+from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import train_local
 
 SPEC = InputSpec(1, 32, 10)
@@ -146,3 +148,17 @@ def test_generator_representatives_refuses_where_no_generator_is_uploaded() -> N
         with pytest.raises(ScenarioError, match=rf"{re.escape(key)}\.name = .*{match}"):
             GeneratorRepresentatives.check_setting(refused, key)
     assert LEAKS.get("generator-representatives") is GeneratorRepresentatives
+
+
+def test_an_inversion_row_that_diverges_leaves_the_others_inverting() -> None:
+    observation, idx = planted(0)
+    model = build_model(MODEL, SPEC, seed=0)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        real = model.extractor(digits().train_images[idx[:1]]).flatten(1)
+    features = torch.cat([real, torch.full_like(real, math.nan)])  # row 1 diverges at once
+
+    _, residuals = invert_features(model, params, model.classifier, features, observation, 20, 0.05)
+
+    assert math.isfinite(float(residuals[0])) and float(residuals[0]) < 1.0
+    assert not math.isfinite(float(residuals[1]))
