@@ -26,12 +26,20 @@ from fedsim.attacks.leakage import LEAKS, LeakInput, PublicData
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
 from fedsim.clients.fedcg import TaskLoss, train_gan
 from fedsim.core import protocol
-from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
+from fedsim.core.config import (
+    ClientConfig,
+    DataConfig,
+    ModelConfig,
+    ScenarioError,
+    load_scenario,
+)
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.gan import build_gan_split_net
 from fedsim.core.leak_metrics import RepresentativeScore, score_representatives
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import train_local
+from fedsim.scenario.validate import check_components
+from fedsim.scenarios import scenario_path
 
 SPEC = InputSpec(1, 32, 10)
 MODEL = ModelConfig("lenet5-split")
@@ -162,3 +170,17 @@ def test_an_inversion_row_that_diverges_leaves_the_others_inverting() -> None:
 
     assert math.isfinite(float(residuals[0])) and float(residuals[0]) < 1.0
     assert not math.isfinite(float(residuals[1]))
+
+
+def test_a_scenario_without_fedcg_refuses_it_and_auto_runs_it_only_under_fedcg() -> None:
+    quickstart = scenario_path("quickstart")
+    listed = ["strategy.name=fedsplit", "audit.leaks=[{name='generator-representatives'}]"]
+
+    with pytest.raises(ScenarioError, match=r"audit\.leaks\[0\]\.name = .*fedsplit") as caught:
+        check_components(load_scenario(quickstart, listed))
+    fedcg = check_components(load_scenario(quickstart, ["strategy.name=fedcg"]))
+    fedavg = check_components(load_scenario(quickstart, []))
+
+    assert "\n" not in str(caught.value)
+    assert "generator-representatives" in [a.name for a in fedcg.audit.leaks]
+    assert "generator-representatives" not in [a.name for a in fedavg.audit.leaks]
