@@ -119,7 +119,10 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(run_dir, fed.rounds, console)
     arrays = serve(grid, components, recorder, console)
     save_model(arrays, run_dir)
-    console.print(write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds))
+    departures = components.strategy.cls.departures(components.strategy.params)
+    console.print(
+        write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds, departures)
+    )
     console.print(f"report: {write_run_report(run_dir)}")
 
 

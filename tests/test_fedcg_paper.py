@@ -7,7 +7,10 @@ and (slow) that FedCG's cross-entropy no longer locks on a plateau.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,13 +20,20 @@ import torch
 from inprocess import run_inprocess, tiny_table
 
 from fedsim.core import protocol
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.components import resolve
+from fedsim.core.config import ComponentConfig, ScenarioError, read_toml, scenario_from_dict
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.partition import partition_dataset
 from fedsim.core.training import load_optimizer_tensors, optimizer_tensors
-from fedsim.strategies.fedcg import gamma_schedule
+from fedsim.outputs.report import write_run_report
+from fedsim.outputs.results import write_summary
+from fedsim.outputs.run_folder import read_departures
+from fedsim.scenarios import scenario_path, shipped_scenarios
+from fedsim.strategies import STRATEGIES
+from fedsim.strategies.fedcg import PAPER_RAMP_ROUNDS, gamma_schedule
 from fedsim.sweeps.table import best_validation_accuracy
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 # The FedCG code's FMNIST(4) settings, shrunk to embedded MNIST and a few rounds.
 PAPER_DATA = {"test-fraction": 0, "local-eval-source": "test", "normalization": "half"}
 PAPER_CLIENT = {"batch-size": 8, "optimizer-state": "kept", "augment": "hflip", "lr": 3e-4}
@@ -152,3 +162,58 @@ def test_paper_fedcg_cross_entropy_keeps_pace_with_fedsplit() -> None:
     seen = f"round-3 cross-entropy: FedCG {fedcg_ce:.4f}, FedSplit {fedsplit_ce:.4f}"
     assert fedsplit_ce < 0.9 * math.log(10), seen  # FedSplit has left chance: the test bites
     assert abs(fedcg_ce - fedsplit_ce) <= 0.1 * fedsplit_ce, seen
+
+
+def _fedcg_tables() -> list[tuple[str, dict[str, Any]]]:
+    """Every FedCG strategy table a shipped scenario or sweep spec runs, by file."""
+    found = []
+    for name in shipped_scenarios():
+        raw = read_toml(scenario_path(name), "scenario")
+        tables = [raw.get("strategy")] + [e.get("strategy") for e in raw.get("strategies", [])]
+        for table in tables:
+            if table == "fedcg" or (isinstance(table, dict) and table.get("name") == "fedcg"):
+                found.append((name, {"name": "fedcg"} if table == "fedcg" else dict(table)))
+    return found
+
+
+def test_shipped_fedcg_runs_keep_the_authors_gamma_ramp(monkeypatch: pytest.MonkeyPatch) -> None:
+    tables = _fedcg_tables()
+    spec = importlib.util.spec_from_file_location("paper_tables", BENCH / "paper_tables.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "paper_tables", bench)  # its dataclasses look it up
+    spec.loader.exec_module(bench)
+    for protocol_name in bench.PROTOCOLS:
+        table = bench.fedcg_table(bench.Budget.of(0.0025), protocol_name)
+        tables.append((f"paper_tables.py --protocol {protocol_name}", table))
+
+    assert {name for name, _ in tables} >= {"fmnist4-fedcg", "compare-table2", "audit-fedcg"}
+    for name, table in tables:
+        strategy = resolve(STRATEGIES, ComponentConfig("fedcg", _params(table)), "strategy")
+        assert strategy.params.gamma_ramp_rounds >= PAPER_RAMP_ROUNDS, name
+        assert strategy.cls.departures(strategy.params) == (), name
+
+
+def _params(table: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in table.items() if k != "name"}
+
+
+def test_a_compressed_ramp_is_named_in_the_summary_and_report(
+    quick_scenario_table: dict[str, Any], tmp_path: Path
+) -> None:
+    quick_scenario_table["strategy"] = {"name": "fedcg", "gamma-ramp-rounds": 5}
+    scenario = scenario_from_dict(quick_scenario_table)
+    strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
+    rows = [{"round": 1, "client-eval-acc": 0.5, "seconds": 0.3}]
+
+    departures = strategy.cls.departures(strategy.params)
+    text = write_summary(scenario, rows, tmp_path, 12.0, departures)
+    report = write_run_report(tmp_path).read_text()
+    authors = resolve(STRATEGIES, ComponentConfig("fedcg", {}), "strategy")
+
+    (line,) = [line for line in text.splitlines() if "departs from the authors" in line]
+    assert "gamma ramp is compressed: gamma-ramp-rounds = 5" in line
+    assert "authors' code takes 50" in line
+    assert "FedCG&#39;s gamma ramp is compressed: gamma-ramp-rounds = 5" in report
+    assert read_departures(tmp_path) == list(departures)
+    assert authors.cls.departures(authors.params) == ()  # the default is the authors' 50

@@ -16,6 +16,7 @@ from fedsim.attacks.analytic import AnalyticFC
 from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.fedavg_leakage import FedAvgLeakage
+from fedsim.attacks.generator_leak import GeneratorRepresentatives
 from fedsim.attacks.grnn import GRNN
 from fedsim.attacks.ig import InvertingGradients
 from fedsim.attacks.label_leaks import LLG, GradientCount
@@ -41,6 +42,7 @@ __all__ = [
     "BoxVertices",
     "ClassRepresentatives",
     "FedAvgLeakage",
+    "GeneratorRepresentatives",
     "GradientAlignment",
     "GradientCount",
     "InvertingGradients",

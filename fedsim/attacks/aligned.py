@@ -27,7 +27,7 @@ from fedsim.attacks.matching import MatchingProblem
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core import protocol
 from fedsim.core.config import require
-from fedsim.core.gan import NOISE_DIM, build_generator
+from fedsim.core.gan import NOISE_DIM, ConditionalGenerator, build_generator
 from fedsim.core.seeds import SeedStream, derive_seed
 
 
@@ -50,6 +50,38 @@ class AlignedDLGParams(DLGParams):
         )
 
 
+def check_generator_uploaded(setting: AttackSetting, key: str, name: str) -> None:
+    """Refuse a setting whose clients upload no generator (only FedCG's do)."""
+    require(
+        setting.uploads is not None and protocol.GENERATOR in setting.uploads,
+        f"{key}.name",
+        name,
+        "needs the clients' uploaded generator (strategy fedcg); "
+        f"strategy {setting.strategy!r} uploads none",
+    )
+
+
+def uploaded_generator(
+    observation: Observation, device: torch.device, name: str
+) -> ConditionalGenerator:
+    """The client's generator G_i rebuilt from its upload (``generator.*``), in eval mode
+    (its uploaded BatchNorm running statistics)."""
+    state = {
+        k[len(protocol.GENERATOR) :]: v
+        for k, v in observation.extra_uploads.items()
+        if k.startswith(protocol.GENERATOR)
+    }
+    if not state:
+        raise ValueError(
+            f"{name} needs the client's generator (FedCG uploads 'generator.*'); "
+            f"this observation from strategy {observation.strategy!r} has none"
+        )
+    # Every generator weight is then loaded: the build seed does not matter.
+    generator = build_generator(observation.model, observation.input_spec)
+    generator.load_state_dict(state)
+    return generator.to(device).eval()
+
+
 def _channel_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and standard deviation over batch and space."""
     flat = features.transpose(0, 1).flatten(1)
@@ -65,35 +97,14 @@ class AlignedDLG(DLG):
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
-        require(
-            setting.uploads is not None and protocol.GENERATOR in setting.uploads,
-            f"{key}.name",
-            "aligned-dlg",
-            "needs the clients' uploaded generator (strategy fedcg); "
-            f"strategy {setting.strategy!r} uploads none",
-        )
+        check_generator_uploaded(setting, key, "aligned-dlg")
 
     def victim_extras(
         self, observation: Observation, labels: torch.Tensor | None, seed: int
     ) -> dict[str, torch.Tensor]:
         """Per-channel mean and std of the uploaded generator's features for the inferred labels."""
         assert labels is not None  # Params forces inferred labels
-        uploads = observation.extra_uploads
-        state = {
-            k[len(protocol.GENERATOR) :]: v
-            for k, v in uploads.items()
-            if k.startswith(protocol.GENERATOR)
-        }
-        if not state:
-            raise ValueError(
-                "aligned-dlg needs the client's generator (FedCG uploads 'generator.*'); "
-                f"this observation from strategy {observation.strategy!r} has none"
-            )
-        # Every generator weight is then loaded: the build seed does not matter.
-        model_seed = derive_seed(SeedStream.ATTACK_MODEL, seed)
-        generator = build_generator(observation.model, observation.input_spec, model_seed)
-        generator.load_state_dict(state)
-        generator.to(self.device).eval()
+        generator = uploaded_generator(observation, self.device, "aligned-dlg")
         gen = torch.Generator().manual_seed(derive_seed(SeedStream.ATTACK_CODES, seed))
         classes = labels.repeat_interleave(-(-self.params.codes // len(labels)))
         z = torch.randn(len(classes), NOISE_DIM, generator=gen).to(self.device)

@@ -489,7 +489,8 @@ def invert_features(
     def objective(z: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = z.detach().requires_grad_(True)
         x = norm.to_model(z.reshape(-1, *shape))
-        value = (layer_input(model, fixed, layer, x) - features).square().sum(dim=1) / scale
+        error = layer_input(model, fixed, layer, x) - features[live]  # rows still optimised
+        value = error.square().sum(dim=1) / scale[live]
         (grad,) = torch.autograd.grad(value.sum(), z)
         return value.detach(), grad
 

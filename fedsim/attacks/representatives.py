@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from fedsim.attacks.analytic import INVERTED, invert_features, linear_layers
-from fedsim.attacks.base import AttackSetting
+from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.gradients import target_gradient, victim_model
 from fedsim.attacks.label_leaks import check_output_layer
 from fedsim.attacks.leakage import LEAKS, LeakAnalysis, LeakInput, RepresentativesLeak
 from fedsim.core.config import require
+from fedsim.core.models import SplitNet
 
 
 @dataclass(frozen=True)
@@ -82,16 +84,36 @@ class ClassRepresentatives(LeakAnalysis):
         features = (weight[classes] / bias[classes, None]).float()
         private = any(n not in observation.global_params for n, _ in model.named_parameters())
         details: dict[str, Any] = {"layer": name, "extractor": "private" if private else "sent"}
+        steps = 0 if private else self.params.inversion_steps
+        inversion = Inversion(model, params, layer, steps, self.params.inversion_lr)
+        return inversion.leak(observation, classes, features, start, details)
+
+
+@dataclass(frozen=True)
+class Inversion:
+    """Features inverted to images through ``layer``'s input in ``model`` at ``params``
+    (:func:`~fedsim.attacks.analytic.invert_features`; ``steps`` 0: no images)."""
+
+    model: SplitNet
+    params: dict[str, torch.Tensor]
+    layer: nn.Module
+    steps: int
+    lr: float
+
+    def leak(
+        self,
+        observation: Observation,
+        classes: torch.Tensor,
+        features: torch.Tensor,
+        started: float,
+        details: dict[str, Any],
+    ) -> RepresentativesLeak:
+        """The representatives of ``classes`` (one row of ``features`` each), inverted
+        where there are steps; ``started``: the analysis's ``perf_counter`` start."""
         images, converged = None, True
-        if not private and self.params.inversion_steps and len(classes):
+        if self.steps and len(classes):
             x, residuals = invert_features(
-                model,
-                params,
-                layer,
-                features,
-                observation,
-                self.params.inversion_steps,
-                self.params.inversion_lr,
+                self.model, self.params, self.layer, features, observation, self.steps, self.lr
             )
             images = observation.normalization.to_pixels(x.detach().cpu()).clamp(0, 1)
             converged = bool((residuals <= INVERTED).all())
@@ -101,6 +123,6 @@ class ClassRepresentatives(LeakAnalysis):
             images,
             features.cpu(),
             converged,
-            time.perf_counter() - start,
+            time.perf_counter() - started,
             details,
         )

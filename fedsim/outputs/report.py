@@ -39,6 +39,7 @@ from fedsim.outputs.run_folder import (
     REPORT_FILE,
     SCENARIO_FILE,
     read_audit,
+    read_departures,
     read_wall_seconds,
 )
 from fedsim.outputs.tables import (
@@ -211,6 +212,7 @@ def _overview(run_dir: Path, metrics: pd.DataFrame) -> list[str]:
         lines.append(f"wall time: {duration(wall)} ({wall:.1f}s)")
     else:
         lines.append("wall time: not recorded (the run has not finished)")
+    lines += [f"departs from the authors' settings: {line}" for line in read_departures(run_dir)]
     if len(metrics):
         last = metrics.iloc[-1]
         for key in ACCURACY:

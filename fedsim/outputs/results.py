@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ from fedsim.core.metrics import median_interval
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import (
     CLIENTS_FILE,
+    DEPARTURES,
     METRICS_FILE,
     RUN_INFO_FILE,
     SUMMARY_FILE,
@@ -159,12 +161,19 @@ def accuracy_line(last: dict[str, Any], best: float) -> str:
 
 
 def write_summary(
-    scenario: Scenario, rows: list[dict[str, Any]], run_dir: Path, wall_seconds: float
+    scenario: Scenario,
+    rows: list[dict[str, Any]],
+    run_dir: Path,
+    wall_seconds: float,
+    departures: Sequence[str] = (),
 ) -> str:
     """A short markdown summary of the run (also returned for printing).
 
     ``wall_seconds``: the run's true wall time (start-up, rounds, audit; every
     session of a resumed run); the rounds' own seconds are given beside it.
+    ``departures``: where the strategy's settings depart from what its authors
+    ran (``EngineHooks.departures``, e.g. FedCG's compressed gamma ramp), one
+    line each in the summary and kept in ``run.json`` for the report.
     """
     last = rows[-1] if rows else {}
     best = max((r.get(protocol.TEST_ACC, math.nan) for r in rows), default=math.nan)
@@ -182,6 +191,7 @@ def write_summary(
         f"- wall time: {duration(wall_seconds)} ({wall_seconds:.1f}s; training and evaluation "
         f"in rounds {in_rounds:.1f}s, the rest is start-up and the audit)",
     ]
+    lines += [f"- departs from the authors' settings: {line}" for line in departures]
     failures = [r for r in rows if r.get(protocol.FAILURES, 0)]
     if failures:
         count = sum(int(r[protocol.FAILURES]) for r in failures)
@@ -189,7 +199,8 @@ def write_summary(
     lines += audit_summary_lines(run_dir)
     text = "\n".join(lines) + "\n"
     (run_dir / SUMMARY_FILE).write_text(text)
-    (run_dir / RUN_INFO_FILE).write_text(json.dumps({WALL_SECONDS: wall_seconds}) + "\n")
+    info = {WALL_SECONDS: wall_seconds, DEPARTURES: list(departures)}
+    (run_dir / RUN_INFO_FILE).write_text(json.dumps(info) + "\n")
     return text
 
 

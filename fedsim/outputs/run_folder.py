@@ -67,6 +67,7 @@ RUN_INFO_FILE = "run.json"  # what a finished run measured about itself (wall se
 
 
 WALL_SECONDS = "wall-seconds"
+DEPARTURES = "departures"  # where the run's strategy settings depart from its authors'
 
 
 TENSORBOARD_DIR = "tensorboard"
@@ -291,6 +292,15 @@ def read_wall_seconds(run_dir: Path) -> float:
     if not path.is_file():
         return math.nan
     return float(json.loads(path.read_text()).get(WALL_SECONDS, math.nan))
+
+
+def read_departures(run_dir: Path) -> list[str]:
+    """Where a finished run departed from its strategy's published settings (the
+    summary's lines; empty for a run without any or without :data:`RUN_INFO_FILE`)."""
+    path = run_dir / RUN_INFO_FILE
+    if not path.is_file():
+        return []
+    return [str(line) for line in json.loads(path.read_text()).get(DEPARTURES, [])]
 
 
 def read_audit(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -379,7 +379,11 @@ def _finish(
         raise guard.interrupted() if guard.stop.is_set() else result
     run_dir = recorder.run_dir
     save_model(result, run_dir)
-    summary = write_summary(components.scenario, recorder.rows, run_dir, recorder.wall_seconds)
-    console.print(summary)
+    departures = components.strategy.cls.departures(components.strategy.params)
+    console.print(
+        write_summary(
+            components.scenario, recorder.rows, run_dir, recorder.wall_seconds, departures
+        )
+    )
     console.print(f"report: {write_run_report(run_dir)}")
     return RunResult(run_dir, recorder.rows, result)

@@ -132,6 +132,12 @@ class EngineHooks(ABC):
         """Reject scenario settings this strategy cannot run (before Ray starts)."""
         return None
 
+    @classmethod
+    def departures(cls, params: Any) -> tuple[str, ...]:
+        """Where ``params`` (validated ``Params``) depart from what the strategy's
+        authors ran, one sentence each: a run's summary and report say them."""
+        return ()
+
     @abstractmethod
     def initial_arrays(self) -> ArrayRecord:
         """The round-0 global model (what the first round sends)."""
