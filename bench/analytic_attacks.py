@@ -14,7 +14,7 @@ one process::
 
     .venv/bin/python bench/analytic_attacks.py [--victims 8] [--audit-run --repeats 3]
 
-``--attacks rgap spear`` keeps only the named attacks' rows.
+``--attacks rgap spear box-vertices`` keeps only the named attacks' rows.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ CASES = (
     Case("analytic-fc", "mlp-2nn", 8),
     *(Case("spear", "mlp-2nn", b) for b in (1, 2, 4, 8, 12, 16)),
     Case("spear", "lenet5-split", 1, 32),
+    *(Case("box-vertices", "mlp-2nn", b) for b in (8, 16, 24, 32)),
+    Case("box-vertices", "lenet5-split", 1, 32),
     Case("rgap", "lenet-zhu", 1, 32),
     Case("rgap", "lenet-zhu", 1, 32, init="uniform"),
     Case("rgap", "mlp-2nn", 1),
