@@ -43,6 +43,7 @@ from rich.console import Console
 
 from fedsim.attacks.base import Observation, ThreatModel
 from fedsim.attacks.leakage import LeakInput, PublicData, RepresentativesLeak
+from fedsim.audit.canaries import CanaryAudit
 from fedsim.audit.candidates import AuditPool, draw_candidates
 from fedsim.audit.leak_scoring import LeakTruth
 from fedsim.audit.observe import (
@@ -102,11 +103,7 @@ class _Job:
 
     @property
     def clients(self) -> str:
-        ids = [
-            v.client if isinstance(v, _Victim) else v.inputs.observation.client_id
-            for v in self.victims
-        ]
-        return "client " + "/".join(str(i) for i in ids)
+        return "client " + "/".join(str(v.client) for v in self.victims)
 
 
 def _as_seen_by(attack: Resolved, victim: _Victim) -> _Victim:
@@ -133,6 +130,7 @@ class Auditor:
         leaks: Sequence[Resolved] = (),
         probe_attacks: Sequence[Resolved] = (),
         pool: AuditPool | None = None,
+        canaries: CanaryAudit | None = None,
     ) -> None:
         """``attacks``, ``leaks``, ``probe_attacks``: the audit's, resolved
         (:func:`fedsim.scenario.portfolio.resolve_audit`; ``cfg.attacks`` is not read).
@@ -140,7 +138,7 @@ class Auditor:
         which knows them); without one, results are recorded unscored and the
         ``probe`` threat model is unavailable. ``pool``: the held-out split's public
         half and non-members (:class:`~fedsim.audit.candidates.AuditPool`); leak
-        analyses need it."""
+        analyses need it. ``canaries``: the canary client's candidates (a one-run audit)."""
         probing = cfg.threat_model == "probe" or bool(probe_attacks)
         if truth is None and probing:
             raise ValueError(
@@ -154,7 +152,7 @@ class Auditor:
         self.probe_attacks = tuple(probe_attacks)
         self.view = view
         self.truth = truth
-        self.pool = pool
+        self.pool, self.canaries = pool, canaries
         self.console = console
         self.log = AuditLog(run_dir, console, cfg.seed)
         # Ray object refs (attack tasks) or futures (work on the driver thread).
@@ -255,6 +253,9 @@ class Auditor:
             return _Analysed(LeakInput(observation, public), None, 0)
         if not analysis.cls.needs_candidates:
             return _Analysed(LeakInput(observation, public), LeakTruth(truth), 0)
+        if self.canaries is not None and victim.client == self.canaries.client:
+            inputs, scored = self.canaries.inputs(observation, public, truth)
+            return _Analysed(inputs, scored, len(self.canaries.candidates))
         candidates, members = draw_candidates(
             truth,
             self.pool,
@@ -343,11 +344,7 @@ class Auditor:
         may both collect: a job is recorded by whichever takes it first."""
         self._remote.show_progress()
         with self._lock:
-            keys = [
-                key
-                for key, job in self._pending.items()
-                if only_round is None or job.round == only_round
-            ]
+            keys = [k for k, j in self._pending.items() if only_round in (None, j.round)]
         if not keys:
             time.sleep(0.05 if timeout else 0)
             return

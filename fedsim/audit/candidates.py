@@ -10,6 +10,9 @@ attacker's ``audit-pool`` stream, into two halves:
 - the *non-member* half, from which each victim's membership candidates that it
   did not train on are drawn.
 
+The one-run audit's canaries (:mod:`fedsim.audit.canaries`) are taken out of
+the split before it is cut: a canary is neither public nor a non-member.
+
 A victim's candidates (:func:`draw_candidates`) are up to ``count`` examples it
 trained on this round and as many non-members, matched label by label so that
 both halves have the victim's class mix: a label alone then tells nothing. Which
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedsim.attacks.leakage import Candidates, PublicData
@@ -36,9 +40,20 @@ class AuditPool:
     non_members: PublicData
 
     @classmethod
-    def split(cls, images: torch.Tensor, labels: torch.Tensor, seed: int) -> AuditPool:
-        """Halves of ``(images, labels)`` (the held-out split), drawn from ``seed``."""
-        order = torch.from_numpy(stream_rng(SeedStream.AUDIT_POOL, seed).permutation(len(labels)))
+    def split(
+        cls,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        seed: int,
+        exclude: np.ndarray | None = None,
+    ) -> AuditPool:
+        """Halves of ``(images, labels)`` (the held-out split), drawn from ``seed``,
+        without the records ``exclude`` lists (the audit's canaries,
+        :mod:`fedsim.core.canaries`: never public data, never a non-member)."""
+        drawn = stream_rng(SeedStream.AUDIT_POOL, seed).permutation(len(labels))
+        if exclude is not None:
+            drawn = drawn[~np.isin(drawn, exclude)]
+        order = torch.from_numpy(drawn)
         half = len(order) // 2
         public, rest = order[:half].sort().values, order[half:].sort().values
         return cls(

@@ -8,13 +8,14 @@ feature space. The numbers come from :mod:`fedsim.core.leak_metrics`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 
 import torch
 
 from fedsim.attacks.base import Observation
 from fedsim.attacks.leakage import LabelLeak, Leak, MembershipLeak, RepresentativesLeak
 from fedsim.core.components import Resolved
+from fedsim.core.empirical_privacy import empirical_epsilon
 from fedsim.core.leak_metrics import (
     score_labels,
     score_membership,
@@ -31,12 +32,23 @@ class LeakTruth:
 
     ``members``: per membership candidate, whether it was trained on;
     ``features``: the victim's own inputs of the layer a representatives
-    analysis read, one row per trained example (``None``: not computed).
+    analysis read, one row per trained example (``None``: not computed);
+    ``claim``: the candidates are the one-run audit's canaries and ``members``
+    their coins: the empirical epsilon is computed at this claim.
     """
 
     trained: GroundTruth
     members: torch.Tensor | None = None
     features: torch.Tensor | None = None
+    claim: EpsilonClaim | None = None
+
+
+@dataclass(frozen=True)
+class EpsilonClaim:
+    """The confidence and delta of the one-run audit's empirical epsilon."""
+
+    confidence: float
+    delta: float
 
 
 def _counts_text(counts: torch.Tensor) -> str:
@@ -97,6 +109,10 @@ def _membership(
         return base
     score = score_membership(leak.scores, truth.members, seed)
     one, tenth = score.tpr_at[0.01], score.tpr_at[0.001]
+    if truth.claim is not None:
+        claim = truth.claim
+        bound = empirical_epsilon(leak.scores.numpy(), truth.members.numpy(), *astuple(claim))
+        base = replace(base, epsilon_empirical=bound.epsilon)
     return replace(
         base,
         membership_auc=score.auc.value,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.clients.private_state import KeptOptimizers
 from fedsim.core import protocol
+from fedsim.core.canaries import CanaryPlan, included_canaries
 from fedsim.core.components import Resolved
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle
@@ -38,8 +39,10 @@ class ClientSpec:
     whether it trains on a GPU, its ``[[defences]]`` in order, and the data's
     partitioner, or generator for a generated dataset: each resolved, its
     class with its frozen ``Params`` (``None``: resolved from ``data`` where
-    used). How it trains (optimiser, learning rate, epochs, batch size) comes
-    with each round's config, as Flower sends it.
+    used), and the audit's canaries (:mod:`fedsim.core.canaries`: client
+    ``canaries.client`` trains on its share of them). How it trains (optimiser,
+    learning rate, epochs, batch size) comes with each round's config, as Flower
+    sends it.
     """
 
     model: ModelConfig
@@ -50,6 +53,7 @@ class ClientSpec:
     defences: tuple[Resolved, ...] = ()
     partitioner: Resolved | None = None
     generator: Resolved | None = None
+    canaries: CanaryPlan = field(default_factory=CanaryPlan)
 
 
 @dataclass
@@ -60,6 +64,8 @@ class ClientEnv:
     client (routines that keep private parameters store them there).
     ``state_dir`` is this run's folder for client-private files (private
     models a resumed run must find); the server never reads it.
+    ``canaries``: the audit's canaries this client trains on besides its own
+    partition (images, labels; ``None`` for every client but the canary client).
     """
 
     partition_id: int
@@ -69,6 +75,7 @@ class ClientEnv:
     device: torch.device
     state: RecordDict
     state_dir: Path | None = None
+    canaries: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def create(
@@ -81,12 +88,24 @@ class ClientEnv:
         bundle, split = client_data(
             spec.data, spec.num_clients, spec.seed, partition_id, spec.partitioner, spec.generator
         )
-        return cls(partition_id, spec, bundle, split, gpu_if(spec.use_gpu), state, state_dir)
+        canaries = included_canaries(bundle, spec.canaries, partition_id)
+        device = gpu_if(spec.use_gpu)
+        return cls(partition_id, spec, bundle, split, device, state, state_dir, canaries)
 
     @property
     def train_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its partition's training examples, then its canaries (if any)."""
         idx = torch.from_numpy(self.split.train)
-        return self.bundle.train_images[idx], self.bundle.train_labels[idx]
+        images, labels = self.bundle.train_images[idx], self.bundle.train_labels[idx]
+        if self.canaries is None:
+            return images, labels
+        return torch.cat([images, self.canaries[0]]), torch.cat([labels, self.canaries[1]])
+
+    @property
+    def train_size(self) -> int:
+        """How many examples :attr:`train_data` holds."""
+        extra = 0 if self.canaries is None else len(self.canaries[1])
+        return len(self.split.train) + extra
 
     @property
     def test_data(self) -> tuple[torch.Tensor, torch.Tensor]:

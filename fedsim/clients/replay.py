@@ -39,9 +39,9 @@ class ClientReplay:
 
     def _used_indices(self, env: ClientEnv, server_round: int, cfg: ClientConfig) -> torch.Tensor:
         generator = torch.Generator().manual_seed(env.seed(server_round))
-        count = examples_touched(len(env.split.train), cfg)
+        count = examples_touched(env.train_size, cfg)
         seen: dict[int, None] = {}
-        for batch in batch_indices(len(env.split.train), cfg, generator):
+        for batch in batch_indices(env.train_size, cfg, generator):
             seen.update(dict.fromkeys(batch.tolist()))
             if len(seen) >= count:
                 break

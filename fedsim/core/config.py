@@ -437,6 +437,10 @@ class AuditConfig:
     # Membership candidates per victim: up to this many records it trained on this
     # round and as many non-members with its class mix from the held-out split.
     candidates: int = 100
+    # Steinke et al.'s one-run audit: this many mislabelled canaries from the held-out
+    # split, each in client canary-client's training data on a fair coin (0 = off).
+    canaries: int = 0
+    canary_client: int = 0
     probe_batch_size: int = 1
     rounds: tuple[int, ...] = ()
     every: int = 1
@@ -475,6 +479,8 @@ class AuditConfig:
             "rounds are >= 1",
         )
         require(self.candidates >= 2, "candidates", self.candidates, "must be >= 2")
+        require(self.canaries >= 0, "canaries", self.canaries, "must be >= 0 (0 = off)")
+        require(self.canary_client >= 0, "canary-client", self.canary_client, "must be >= 0")
         require_seed(self.seed, "seed")
 
     def audits_round(self, server_round: int) -> bool:

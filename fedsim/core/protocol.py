@@ -114,6 +114,9 @@ AUDIT_MEMBERSHIP_TPR = "audit-membership-tpr-1pct"
 AUDIT_REPRESENTATIVES_SSIM = "audit-representatives-ssim"
 AUDIT_REPRESENTATIVES_COSINE = "audit-representatives-cosine"
 AUDIT_LEAK_CLIENTS = "audit-leak-clients"
+# The one-run audit's lower bound on epsilon from the canary client's canaries (the
+# highest over the membership analyses, each at 1 - 5 % / their number: 95 % jointly).
+AUDIT_EPSILON_EMPIRICAL = "audit-epsilon-empirical"
 # The counterfactual probe's reconstruction (audit.probe-rounds): its median PSNR over
 # the round's victims with its interval, kept apart from the verdict on what was received.
 AUDIT_COUNTERFACTUAL_PSNR = "audit-counterfactual-psnr"
@@ -123,7 +126,7 @@ AUDIT_LEAK_COLUMNS = (
     *(AUDIT_LABEL_TV, AUDIT_LABEL_TV_LOW, AUDIT_LABEL_TV_HIGH, AUDIT_LABEL_TV_UNIFORM),
     *(AUDIT_MEMBERSHIP_AUC, AUDIT_MEMBERSHIP_AUC_LOW, AUDIT_MEMBERSHIP_AUC_HIGH),
     *(AUDIT_MEMBERSHIP_TPR, AUDIT_REPRESENTATIVES_SSIM, AUDIT_REPRESENTATIVES_COSINE),
-    AUDIT_LEAK_CLIENTS,
+    *(AUDIT_LEAK_CLIENTS, AUDIT_EPSILON_EMPIRICAL),
     *(AUDIT_COUNTERFACTUAL_PSNR, AUDIT_COUNTERFACTUAL_PSNR_LOW, AUDIT_COUNTERFACTUAL_PSNR_HIGH),
 )
 AUDIT_COLUMNS = (
@@ -285,6 +288,7 @@ class VerdictRecord:
     membership_auc_high: float = float("nan")
     membership_tpr_1pct: float = float("nan")
     membership_analysis: str = ""
+    epsilon_empirical: float = float("nan")  # the canary client's: the highest over analyses
     representatives_ssim: float = float("nan")
     representatives_cosine: float = float("nan")
     representatives_analysis: str = ""
@@ -333,6 +337,9 @@ class LeakRecord:
     membership_tpr_01pct: float = math.nan
     membership_tpr_01pct_low: float = math.nan
     membership_tpr_01pct_high: float = math.nan
+    # The one-run audit (audit.canaries): the candidates were the canaries, and this the
+    # lower bound on epsilon their scores gave (Steinke et al.; NaN on other clients).
+    epsilon_empirical: float = math.nan
     representatives: int = 0
     representatives_space: str = ""  # "pixels" (inverted to images) or "features"
     representatives_psnr: float = math.nan  # to the class-mean image

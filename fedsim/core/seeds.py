@@ -66,6 +66,9 @@ class SeedStream(enum.Enum):
     # then each victim's membership candidates drawn (the auditor's design, not a client's).
     AUDIT_POOL = ("audit-pool", Party.ATTACKER, ("seed",))
     AUDIT_CANDIDATES = ("audit-candidates", Party.ATTACKER, ("seed", "round", "partition"))
+    # The one-run audit's canaries (which held-out records, their wrong labels, their
+    # coins): the auditor designs them, the canary client's data and the scorer read them.
+    AUDIT_CANARIES = ("audit-canaries", Party.ATTACKER, ("seed",))
     # A leak analysis's own draws (shadow updates on public data, ...).
     LEAK_ANALYSIS = ("leak-analysis", Party.ATTACKER, ("attack-seed",))
     ATTACK = ("attack", Party.ATTACKER, ("seed", "round", "partition"))

@@ -196,12 +196,30 @@ def write_summary(
     if failures:
         count = sum(int(r[protocol.FAILURES]) for r in failures)
         lines.append(f"- client failures: {count} in {len(failures)} of {len(rows)} rounds")
+    lines += epsilon_lines(rows)
     lines += audit_summary_lines(run_dir)
     text = "\n".join(lines) + "\n"
     (run_dir / SUMMARY_FILE).write_text(text)
     info = {WALL_SECONDS: wall_seconds, DEPARTURES: list(departures)}
     (run_dir / RUN_INFO_FILE).write_text(json.dumps(info) + "\n")
     return text
+
+
+def epsilon_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The one-run audit's empirical epsilon (its highest round) beside the accountant's."""
+    audited = [r for r in rows if not math.isnan(r.get(protocol.AUDIT_EPSILON_EMPIRICAL, math.nan))]
+    if not audited:
+        return []
+    top = max(audited, key=lambda r: r[protocol.AUDIT_EPSILON_EMPIRICAL])
+    accountant = top.get(protocol.DP_EPSILON, math.nan)
+    beside = (
+        "" if math.isnan(accountant) else f"; the accountant's dp-epsilon then {accountant:.3g}"
+    )
+    return [
+        f"- empirical epsilon (canaries, one-run audit, 95 % per round): highest "
+        f"{top[protocol.AUDIT_EPSILON_EMPIRICAL]:.3g} in round {top[protocol.ROUND]} of "
+        f"{len(audited)} audited{beside}"
+    ]
 
 
 def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) -> list[str]:

@@ -150,6 +150,9 @@ def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
             membership_tpr_1pct=float(row["membership-tpr-1pct"]),
             membership_analysis=str(names[at]),
         )
+    epsilon = leaks.get("epsilon-empirical", pd.Series(dtype=float)).to_numpy(dtype=float)
+    if len(epsilon) and not np.isnan(epsilon).all():
+        out.update(epsilon_empirical=float(np.nanmax(epsilon)))
     for column, field_name in (
         ("representatives-ssim", "representatives_ssim"),
         ("representatives-cosine", "representatives_cosine"),
@@ -236,6 +239,7 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_REPRESENTATIVES_SSIM: _median(rows["representatives-ssim"]),
         protocol.AUDIT_REPRESENTATIVES_COSINE: _median(rows["representatives-cosine"]),
         protocol.AUDIT_LEAK_CLIENTS: float(analysed.sum()),
+        protocol.AUDIT_EPSILON_EMPIRICAL: _highest(rows.get("epsilon-empirical")),
         **_counterfactual_round(rows, seed),
     }
 
@@ -249,6 +253,11 @@ def _counterfactual_round(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_COUNTERFACTUAL_PSNR_LOW: median.low,
         protocol.AUDIT_COUNTERFACTUAL_PSNR_HIGH: median.high,
     }
+
+
+def _highest(values: pd.Series | None) -> float:
+    known = values.astype(float).dropna() if values is not None else pd.Series(dtype=float)
+    return float(known.max()) if len(known) else math.nan
 
 
 def _median(values: pd.Series) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from fedsim.clients.base import ClientSpec
 from fedsim.clients.defences import resolve_defences
+from fedsim.core.canaries import CanaryPlan
 from fedsim.core.components import Resolved
 from fedsim.core.config import Scenario
 from fedsim.core.partition import resolve_generator, resolve_partitioner
@@ -42,7 +43,8 @@ def client_spec(
     """What the clients of ``scenario`` read, its ``[[defences]]``, partitioner and generator
     resolved (``partitioner`` and ``generator``: already resolved by validation); a bad
     name or parameter raises :class:`~fedsim.core.config.ScenarioError`."""
-    fed, data = scenario.federation, scenario.data
+    fed, data, audit = scenario.federation, scenario.data, scenario.audit
+    canaries = audit.canaries if audit.enabled else 0
     return ClientSpec(
         model=scenario.model,
         data=data,
@@ -52,4 +54,5 @@ def client_spec(
         defences=resolve_defences(scenario.defences),
         partitioner=partitioner or resolve_partitioner(data),
         generator=generator or resolve_generator(data),
+        canaries=CanaryPlan(canaries, audit.canary_client, audit.seed),
     )

@@ -231,4 +231,18 @@ def check_audit(audit: AuditConfig, fed: FederationConfig, setting: AttackSettin
         "no attack or leak analysis to run: none applies to this scenario, or none is "
         "listed; list attacks by hand",
     )
+    if audit.canaries:
+        require(
+            audit.canary_client < fed.num_clients,
+            "audit.canary-client",
+            audit.canary_client,
+            f"partition ids are 0 to {fed.num_clients - 1} (federation.num-clients)",
+        )
+        require(
+            any(a.cls.kind == "membership" for a in plan.leaks),
+            "audit.canaries",
+            audit.canaries,
+            "are scored by a membership analysis, and audit.leaks runs none here "
+            "(list loss-drop; it needs the whole model's update and a held-out split)",
+        )
     return plan

@@ -44,6 +44,7 @@ from fedsim.core.config import (
 from fedsim.core.data import (
     DATASETS,
     check_dataset_available,
+    load_dataset,
 )
 from fedsim.core.generated import GeneratedDataset
 from fedsim.core.models import INITS, MODELS, InputSpec, SplitNet
@@ -353,6 +354,19 @@ def check_partition(
         )
 
 
+def check_canary_pool(data: DataConfig, canaries: int) -> None:
+    """The held-out split gives ``canaries`` records and keeps at least as many for the
+    audit's public half and non-members."""
+    held_out = len(load_dataset(data).test_labels)
+    require(
+        canaries <= held_out // 2,
+        "audit.canaries",
+        canaries,
+        f"at most {held_out // 2}: half of dataset {data.dataset!r}'s held-out split of "
+        f"{held_out} (the rest is the audit's public data and non-members)",
+    )
+
+
 def check_machine(scenario: Scenario) -> None:
     """This machine can run ``scenario``: GPUs, cores, data files, memory, partition."""
     check_gpu_request(scenario.backend.num_gpus, "backend.num-gpus")
@@ -367,6 +381,8 @@ def check_machine(scenario: Scenario) -> None:
     else:
         check_data_fits(data, fed, backend)
         check_partition(data, fed, scenario.client, scenario.model)
+        if scenario.audit.enabled and scenario.audit.canaries:
+            check_canary_pool(data, scenario.audit.canaries)
 
 
 def validate(scenario: Scenario) -> Components:

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from rich.console import Console
 
 from fedsim.audit.auditor import Auditor
+from fedsim.audit.canaries import CanaryAudit
 from fedsim.audit.candidates import AuditPool
 from fedsim.audit.observe import ServerView
 from fedsim.audit.tasks import reserved_workers
@@ -132,7 +133,10 @@ def _auditor(
     routine = components.strategy.cls.client_routine
     truth = ClientReplay(components.client, routine, run_dir / CLIENT_STATE_DIR)
     plan = components.audit
-    pool = AuditPool.split(bundle.test_images, bundle.test_labels, scenario.audit.seed)
+    client = components.client
+    canaries = CanaryAudit.design(bundle, client.canaries, plan.leaks, client.defences)
+    exclude = canaries.indices if canaries else None
+    pool = AuditPool.split(bundle.test_images, bundle.test_labels, scenario.audit.seed, exclude)
     return Auditor(
         scenario.audit,
         plan.attacks,
@@ -143,6 +147,7 @@ def _auditor(
         leaks=plan.leaks,
         probe_attacks=plan.probe_attacks,
         pool=pool,
+        canaries=canaries,
     )
 
 
