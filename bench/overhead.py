@@ -17,8 +17,12 @@ wall time between the ends of consecutive rounds; the table gives the median of
 rounds 2-5 (round 1 includes the actors' first training) and the whole run's
 wall time, each the median over ``--repeats`` runs in fresh processes, the
 ways taking turns (one run of each per repeat) so that a change in the
-machine's load falls on all of them. Then a cProfile of fedsim's server thread
-(audit off) and of its client handler, in process::
+machine's load falls on all of them. A second table splits each way's process
+into where its seconds go: the interpreter and imports, the start-up until
+round 1 begins (for fedsim also its phases: validation and the reap of earlier
+runs, Ray's start, the clients' discovery and the actors' warm-up), the rounds,
+and what follows the last round (Ray's stop, summary, report). Then a cProfile
+of fedsim's server thread (audit off) and of its client handler, in process::
 
     .venv/bin/python bench/overhead.py [--repeats 3] [--skip-profile]
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import json
 import pstats
 import statistics
@@ -38,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+PROCESS_STARTED = time.perf_counter()  # the child's clock starts before its imports
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS, ROUNDS = 10, 5
 OVERRIDES = [
@@ -59,6 +65,17 @@ def _round_times(ends: list[float], started: float) -> dict[str, Any]:
     return {"rounds": durations, "round_s": statistics.median(durations[1:])}
 
 
+def _split(imported: float, started: float, first_round: float, ends: list[float]) -> dict:
+    """Where one way's seconds go, from the child's first line (see the module)."""
+    finished = time.perf_counter()
+    return {
+        "imports_s": imported - PROCESS_STARTED,
+        "to_round_1_s": first_round - started,
+        "rounds_s": ends[-1] - first_round,
+        "after_rounds_s": finished - ends[-1],
+    }
+
+
 def run_torch() -> dict[str, Any]:
     """The federation as a plain loop: no Flower, no Ray, no messages."""
     import torch
@@ -69,6 +86,7 @@ def run_torch() -> dict[str, Any]:
     from fedsim.core.seeds import SeedStream, derive_seed
     from fedsim.core.training import evaluate, train_local
 
+    imported = time.perf_counter()
     torch.set_num_threads(1)  # as each client actor (Ray gives it one CPU)
     scenario = _scenario()
     started = time.perf_counter()
@@ -101,7 +119,8 @@ def run_torch() -> dict[str, Any]:
             evaluate(model, bundle.train_images[idx], bundle.train_labels[idx])
         evaluate(model, bundle.test_images, bundle.test_labels)
         ends.append(time.perf_counter())
-    return {**_round_times(ends, started), "wall_s": time.perf_counter() - started}
+    times = _split(imported, started, started, ends)
+    return {**_round_times(ends, started), "wall_s": time.perf_counter() - started, **times}
 
 
 def run_flower() -> dict[str, Any]:
@@ -122,6 +141,7 @@ def run_flower() -> dict[str, Any]:
     from fedsim.simulation.flower import quiet_flower
     from fedsim.simulation.runner import backend_config
 
+    imported = time.perf_counter()
     scenario = _scenario()
 
     def world(context: Context) -> tuple[Any, Any, Any]:
@@ -185,7 +205,8 @@ def run_flower() -> dict[str, Any]:
         server, client, num_supernodes=CLIENTS, backend_config=backend_config(scenario.backend)
     )
     wall = time.perf_counter() - started
-    return {**_round_times(ends[1:], ends[0]), "wall_s": wall}
+    split = _split(imported, started, ends[0], ends)
+    return {**_round_times(ends[1:], ends[0]), "wall_s": wall, **split}
 
 
 class _RoundEnds:
@@ -202,9 +223,18 @@ def run_fedsim(profile_to: Path | None = None, audited: bool = False) -> dict[st
     from rich.console import Console
 
     import fedsim.simulation.runner as runner
+    from fedsim.outputs.progress import Phases
 
+    imported = time.perf_counter()
     serve = runner.serve
     starts: list[float] = []
+    phases: dict[str, float] = {}
+
+    class TimedPhases(Phases):
+        def __call__(self, text: str) -> None:
+            phases[text] = time.perf_counter()
+
+    setattr(runner, "Phases", TimedPhases)  # noqa: B010 (a class, not an attribute, is replaced)
 
     def timed_serve(*args: Any, **kwargs: Any) -> Any:
         profiler = cProfile.Profile() if profile_to else None
@@ -230,13 +260,26 @@ def run_fedsim(profile_to: Path | None = None, audited: bool = False) -> dict[st
     with tempfile.TemporaryDirectory() as out:
         runner.run_scenario(_scenario(audited), Path(out) / "run", Console(quiet=True), (ends,))
     wall = time.perf_counter() - started
-    return {**_round_times(ends.ends, starts[0]), "wall_s": wall}
+    split = _split(imported, started, starts[0], ends.ends)
+    marks = [("validation, reap", started), *phases.items(), ("", starts[0])]
+    split["phases_s"] = {a: t1 - t0 for (a, t0), (_, t1) in itertools.pairwise(marks)}
+    return {**_round_times(ends.ends, starts[0]), "wall_s": wall, **split}
 
 
 KINDS = ("torch", "flower", "fedsim", "fedsim-audited")
+SPLIT = (
+    "round_s",
+    "wall_s",
+    "process_s",
+    "imports_s",
+    "to_round_1_s",
+    "rounds_s",
+    "after_rounds_s",
+)
 
 
 def _child(kind: str) -> dict[str, Any]:
+    started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, __file__, "--child", kind],
         cwd=ROOT,
@@ -245,6 +288,7 @@ def _child(kind: str) -> dict[str, Any]:
         check=True,
     ).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - started
     return result
 
 
@@ -257,12 +301,33 @@ def measure(repeats: int) -> dict[str, dict[str, Any]]:
             runs[kind].append(_child(kind))
     return {
         kind: {
-            "round_s": statistics.median(r["round_s"] for r in done),
-            "wall_s": statistics.median(r["wall_s"] for r in done),
+            **{key: statistics.median(r[key] for r in done) for key in SPLIT},
+            "phases_s": {
+                phase: statistics.median(r["phases_s"][phase] for r in done)
+                for phase in done[0].get("phases_s", {})
+            },
             "runs": done,
         }
         for kind, done in runs.items()
     }
+
+
+def start_up_table(results: dict[str, dict[str, Any]]) -> str:
+    """Each way's process split into where its seconds go (medians), fedsim's phases below."""
+    columns = ("process_s", "imports_s", "to_round_1_s", "rounds_s", "after_rounds_s")
+    heads = ("process", "imports", "to round 1", "rounds", "after rounds")
+    lines = [
+        "seconds of each way's process (median):",
+        f"{'':15} " + " ".join(f"{h:>12}" for h in heads),
+    ]
+    for kind, r in results.items():
+        lines.append(f"{kind:15} " + " ".join(f"{r[c]:>12.2f}" for c in columns))
+        # The interpreter's start and exit: what the child's own clock does not see.
+        rest = r["process_s"] - r["imports_s"] - r["wall_s"]
+        lines.append(f"{'':15} interpreter start/exit and set-up outside the run: {rest:.2f}")
+        for phase, seconds in r["phases_s"].items():
+            lines.append(f"{'':15}   {seconds:6.2f}  {phase}")
+    return "\n".join(lines)
 
 
 def _top(stats: pstats.Stats, title: str, pattern: str, lines: int) -> str:
@@ -360,6 +425,7 @@ def main() -> None:
             f"{kind} / torch: {ours['round_s'] / torch_['round_s']:.2f} per round, "
             f"{ours['wall_s'] / torch_['wall_s']:.2f} wall"
         )
+    print(start_up_table(results))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "overhead.json").write_text(json.dumps(results, indent=2))
