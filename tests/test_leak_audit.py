@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from sklearn.metrics import roc_auc_score
 
 from fedsim.attacks.leakage import LeakInput
 from fedsim.audit.candidates import AuditPool, draw_candidates
@@ -106,6 +107,24 @@ def test_membership_scores_with_intervals_and_a_null_that_covers_chance() -> Non
     assert null.tpr_at[0.01].value < 0.2
     with pytest.raises(ValueError, match="members and non-members"):
         score_membership(noise, torch.ones(200, dtype=torch.bool), seed=1)
+
+
+def test_the_bootstrap_auc_interval_is_that_of_each_resample_scored_by_scikit_learn() -> None:
+    gen = torch.Generator().manual_seed(2)
+    members = torch.arange(90) < 40
+    scores = (torch.randn(90, generator=gen) + 0.5 * members).round(decimals=1)  # ties too
+
+    got = score_membership(scores, members, seed=3, resamples=200)
+
+    values = scores.double().numpy()
+    pos, neg = values[members.numpy()], values[~members.numpy()]
+    rng = np.random.default_rng(3)
+    pos_b = pos[rng.integers(0, len(pos), (200, len(pos)))]
+    neg_b = neg[rng.integers(0, len(neg), (200, len(neg)))]
+    truth = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    aucs = [roc_auc_score(truth, np.r_[p, n]) for p, n in zip(pos_b, neg_b, strict=True)]
+    low, high = np.percentile(aucs, [2.5, 97.5])
+    assert (got.auc.low, got.auc.high) == pytest.approx((low, high), abs=1e-12)
 
 
 def test_label_scores_against_the_uniform_guess() -> None:

@@ -12,7 +12,7 @@ import torch
 
 from fedsim.attacks.analytic import layer_input, linear_layers
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.label_leaks import LLG, GradientCount
+from fedsim.attacks.label_leaks import LLG, GradientCount, llg_counts
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakInput, PublicData
 from fedsim.attacks.representatives import ClassRepresentatives, RepresentativesParams
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
@@ -137,6 +137,32 @@ def test_labels_beat_the_uniform_guess_on_a_dirichlet_client(
     score = score_labels(leak.counts, digits().train_labels[idx])
 
     assert score.tv_distance < score.uniform_tv - margin
+
+
+def _greedy_loop(sums: torch.Tensor, total: int, impact: float) -> torch.Tensor:
+    """LLG's greedy count as the paper's code writes it: one example at a time."""
+    sums, counts = sums.double().clone(), torch.zeros(len(sums), dtype=torch.float64)
+    negative = torch.argsort(sums)[: min(int((sums < 0).sum()), total)]
+    counts[negative] = 1
+    sums[negative] -= impact
+    for _ in range(total - int(counts.sum())):
+        pick = int(torch.argmin(sums))
+        counts[pick] += 1
+        sums[pick] -= impact
+    return counts.float()
+
+
+def test_llg_counts_give_what_the_one_at_a_time_greedy_gives() -> None:
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        classes = 2 + trial % 15
+        sums = torch.randn(classes, generator=generator)
+        if trial % 3 == 0:
+            sums = sums.round()  # ties between classes
+        impact = -0.1 * float(torch.rand(1, generator=generator)) if trial % 5 else 0.0
+        total = int(torch.randint(0, 300, (1,), generator=generator))
+
+        assert torch.equal(llg_counts(sums, total, impact), _greedy_loop(sums, total, impact))
 
 
 @pytest.mark.parametrize("batch_labels", ["count", "ilrg"])

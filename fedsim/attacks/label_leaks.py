@@ -97,11 +97,26 @@ def llg_counts(
     negative = torch.argsort(sums)[: min(int((sums < 0).sum()), total)]
     counts[negative] = 1
     sums[negative] -= impact
-    for _ in range(total - int(counts.sum())):
-        pick = int(torch.argmin(sums))
-        counts[pick] += 1
-        sums[pick] -= impact
+    left = total - int(counts.sum())
+    if left > 0:
+        counts += _greedy_picks(sums, left, -impact)
     return counts.float()
+
+
+def _greedy_picks(sums: torch.Tensor, picks: int, step: float) -> torch.Tensor:
+    """How often each class is picked when, ``picks`` times, the smallest of ``sums``
+    (the first on ties) is picked and raised by ``step``; without the loop, which took
+    most of a client's label analysis: with ``step > 0`` the picks are the ``picks``
+    smallest of every class's values ``sums + k * step``, ordered by (value, class)."""
+    classes = len(sums)
+    if step <= 0:  # the picked class stays the smallest
+        counts = torch.zeros_like(sums)
+        counts[int(torch.argmin(sums))] = picks
+        return counts
+    values = sums[:, None] + step * torch.arange(picks, dtype=sums.dtype)[None, :]
+    owner = np.repeat(np.arange(classes), picks)
+    first = np.lexsort((owner, values.flatten().cpu().numpy()))[:picks]
+    return torch.from_numpy(np.bincount(owner[first], minlength=classes)).to(sums)
 
 
 def output_row_sums(observation: Observation, device: torch.device) -> torch.Tensor:

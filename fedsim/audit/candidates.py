@@ -85,10 +85,11 @@ def draw_candidates(
     }
     members: list[int] = []
     others: list[int] = []
-    for i in rng.permutation(len(trained.labels)):
+    trained_labels = trained.labels.cpu().numpy()  # indexing a tensor per record is slow
+    for i in rng.permutation(len(trained_labels)):
         if len(members) == count:
             break
-        left = unused.get(int(trained.labels[i]), [])
+        left = unused.get(int(trained_labels[i]), [])
         if left:
             members.append(int(i))
             others.append(int(left.pop()))

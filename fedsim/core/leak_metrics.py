@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from fedsim.core.metrics import Interval, psnr_from_mse, ssim
@@ -115,16 +114,26 @@ def score_membership(
     auc = float(roc_auc_score(member, values))
     fprs, tprs, _ = roc_curve(member, values)
     rng = np.random.default_rng(seed)
-    pos_b = pos[rng.integers(0, len(pos), (resamples, len(pos)))]
-    neg_b = neg[rng.integers(0, len(neg), (resamples, len(neg)))]
-    # AUC of each resample from its ranks (Mann-Whitney; ties count one half).
-    ranks = rankdata(np.concatenate([pos_b, neg_b], axis=1), axis=1)[:, : len(pos)]
-    auc_b = (ranks.sum(axis=1) - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
+    pos_i = rng.integers(0, len(pos), (resamples, len(pos)))
+    neg_i = rng.integers(0, len(neg), (resamples, len(neg)))
+    pos_b, neg_b = pos[pos_i], neg[neg_i]
+    # Each resample's AUC (Mann-Whitney; ties count one half) from the pairwise wins
+    # weighted by how often it drew each candidate: ranking every resample cost more.
+    wins = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
+    drawn_pos, drawn_neg = _draw_counts(pos_i, len(pos)), _draw_counts(neg_i, len(neg))
+    auc_b = ((drawn_pos @ wins) * drawn_neg).sum(axis=1) / (len(pos) * len(neg))
     tpr_at = {}
     for fpr in LOW_FPRS:
         point = float(tprs[fprs <= fpr].max()) if (fprs <= fpr).any() else 0.0
         tpr_at[fpr] = _interval(point, _tpr_at(pos_b, neg_b, fpr), len(values))
     return MembershipScore(_interval(auc, auc_b, len(values)), tpr_at, len(pos), len(neg))
+
+
+def _draw_counts(indices: np.ndarray, count: int) -> np.ndarray:
+    """Per row of ``indices`` (a resample), how often it drew each of ``count`` items."""
+    rows = indices.shape[0]
+    flat = (indices + count * np.arange(rows)[:, None]).ravel()
+    return np.bincount(flat, minlength=rows * count).reshape(rows, count).astype(np.float64)
 
 
 def _interval(point: float, resampled: np.ndarray, count: int) -> Interval:
