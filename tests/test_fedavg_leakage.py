@@ -100,7 +100,7 @@ def test_it_refuses_a_probe_and_a_private_optimiser_state_in_one_line(
     )
 
     FedAvgLeakage.check_setting(AttackSetting.of(update, None), "audit.attacks[0]")
-    for refused, why in ((probe, "gives gradients"), (kept, "cannot know it")):
+    for refused, why in ((probe, "gives a gradient"), (kept, "cannot know it")):
         with pytest.raises(ScenarioError, match=why):
             FedAvgLeakage.check_setting(AttackSetting.of(refused, None), "audit.attacks[0]")
 

@@ -23,8 +23,13 @@ from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, 
 from fedsim.core.data import Normalization, generated_dataset
 from fedsim.core.models import InputSpec
 
-ThreatModel = Literal["probe", "update"]
-"""``probe``: the gradient of one batch at the sent model. ``update``: the real reply."""
+ThreatModel = Literal["probe", "update", "aggregate"]
+"""``probe``: the gradient of one batch at the sent model. ``update``: the real reply.
+``aggregate``: only the example-weighted mean of the round's replies, what a server behind
+secure aggregation learns (:data:`AGGREGATE_CLIENT` in place of a client id)."""
+
+AGGREGATE_CLIENT = -1
+"""The ``client_id`` of an ``aggregate`` observation: it is no one client's upload."""
 
 SharedKind = Literal["gradient", "update"]
 """Whether ``Observation.shared`` holds gradients or updated parameters (signs differ)."""
@@ -89,6 +94,16 @@ class Observation:
     extra_uploads: dict[str, torch.Tensor] = field(default_factory=dict)
     extra_sent: dict[str, torch.Tensor] = field(default_factory=dict)
     batch_statistics: dict[str, torch.Tensor] | None = None  # the "known" attacker's premise
+    # An aggregate's examples per summed client (public: each reply's reported size and
+    # the round's config); empty for one client's upload, whose size is ``num_examples``.
+    summed_examples: tuple[int, ...] = ()
+
+    @property
+    def source(self) -> str:
+        """Whose upload this is, for people: ``client 3``, or ``aggregate of 5 clients``."""
+        if self.summed_examples:
+            return f"aggregate of {len(self.summed_examples)} clients"
+        return f"client {self.client_id}"
 
     @property
     def shared_names(self) -> list[str]:

@@ -46,7 +46,7 @@ from fedsim.attacks.matching import (
     require_replayable,
 )
 from fedsim.attacks.registry import ATTACKS
-from fedsim.attacks.replay import replay_refusal
+from fedsim.attacks.replay import check_replayable_setting
 from fedsim.core.config import require
 
 
@@ -104,15 +104,7 @@ class FedAvgLeakage(GradientMatchingAttack):
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """Updates only, from local training the server can replay."""
-        require(
-            setting.threat_model == "update",
-            f"{key}.name",
-            "fedavg-leakage",
-            "replays client updates; "
-            f'audit.threat-model = "{setting.threat_model}" gives gradients',
-        )
-        refusal = replay_refusal(setting.client)
-        require(refusal is None, f"{key}.name", "fedavg-leakage", f"cannot replay: {refusal}")
+        check_replayable_setting(setting, key, "fedavg-leakage")
 
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0

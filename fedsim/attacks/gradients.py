@@ -174,8 +174,9 @@ def local_steps_taken(observation: Observation) -> int:
     cfg = observation.train_config
     if cfg.local_steps:
         return cfg.local_steps
-    batches = -(-observation.num_examples // cfg.batch_size)
-    return cfg.local_epochs * batches
+    # An aggregate: its largest client's steps (all of them one step makes it one gradient).
+    sizes = observation.summed_examples or (observation.num_examples,)
+    return cfg.local_epochs * max(-(-n // cfg.batch_size) for n in sizes)
 
 
 def relative_residual(simulated: list[torch.Tensor], observed: list[torch.Tensor]) -> float:

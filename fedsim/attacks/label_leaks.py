@@ -278,7 +278,7 @@ class LogitShift(LeakAnalysis):
         probe (no updated model), and a model whose output bias is never uploaded."""
         check_output_layer(setting, key, "logit-shift")
         require(
-            setting.uploads is None and setting.threat_model == "update",
+            setting.uploads is None and setting.threat_model in ("update", "aggregate"),
             f"{key}.name",
             "logit-shift",
             "compares the uploaded model's logits with the sent one's: needs the whole "

@@ -655,6 +655,11 @@ def require_replayable(observation: Observation, attack: str) -> None:
     """Refuse an observation whose local training :func:`replay_local_training` cannot replay."""
     if observation.shared_kind != "update":
         raise ValueError(f"{attack} replays updates; this observation holds gradients")
+    if observation.summed_examples:
+        raise ValueError(
+            f"{attack} replays one client's update; this observation sums "
+            f"{len(observation.summed_examples)} clients'"
+        )
     refusal = replay_refusal(observation.train_config)
     if refusal is not None:
         raise ValueError(f"{attack} replays the client's local training; {refusal}")

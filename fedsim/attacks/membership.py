@@ -38,7 +38,7 @@ from fedsim.core.config import require
 def check_whole_model_update(setting: AttackSetting, key: str, name: str) -> None:
     """Refuse settings without the whole model's update or without a held-out split."""
     require(
-        setting.uploads is None and setting.threat_model == "update",
+        setting.uploads is None and setting.threat_model in ("update", "aggregate"),
         f"{key}.name",
         name,
         "scores candidates against the whole model's update; strategy "

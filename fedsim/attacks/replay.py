@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsim.core.config import ClientConfig
+from fedsim.attacks.base import AttackSetting
+from fedsim.core.config import ClientConfig, require
 
 Weights = dict[str, torch.Tensor]
 GradFn = Callable[[Weights, torch.Tensor, torch.Tensor], Weights]
@@ -74,6 +75,22 @@ def replay_refusal(cfg: ClientConfig) -> str | None:
     if cfg.augment != "none":
         return f"the clients augment their batches at random (augment = {cfg.augment!r})"
     return None
+
+
+def check_replayable_setting(setting: AttackSetting, key: str, attack: str) -> None:
+    """Refuse, for ``attack``, a setting whose server holds no one client's update it
+    can replay: a probe (a gradient), an aggregate (several clients' updates summed), or
+    local training :func:`replay_refusal` refuses."""
+    seen = {"probe": "a gradient", "aggregate": "the sum of several clients' updates"}
+    require(
+        setting.threat_model == "update",
+        f"{key}.name",
+        attack,
+        f"replays one client's update; audit.threat-model = {setting.threat_model!r} gives "
+        + seen.get(setting.threat_model, "no update"),
+    )
+    refusal = replay_refusal(setting.client)
+    require(refusal is None, f"{key}.name", attack, f"cannot replay: {refusal}")
 
 
 def replay(

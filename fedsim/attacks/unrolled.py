@@ -27,8 +27,7 @@ from fedsim.attacks.matching import (
     require_replayable,
 )
 from fedsim.attacks.registry import ATTACKS
-from fedsim.attacks.replay import replay_refusal
-from fedsim.core.config import require
+from fedsim.attacks.replay import check_replayable_setting
 
 
 @ATTACKS.register("unrolled-dlg")
@@ -38,16 +37,7 @@ class UnrolledDLG(DLG):
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """Updates only (a probe is a gradient: there is nothing to replay) that can be replayed."""
-        cfg = setting.client
-        require(
-            setting.threat_model == "update",
-            f"{key}.name",
-            "unrolled-dlg",
-            "replays client updates; "
-            f'audit.threat-model = "{setting.threat_model}" gives gradients',
-        )
-        refusal = replay_refusal(cfg)
-        require(refusal is None, f"{key}.name", "unrolled-dlg", f"cannot replay: {refusal}")
+        check_replayable_setting(setting, key, "unrolled-dlg")
 
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0

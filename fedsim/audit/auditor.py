@@ -16,6 +16,10 @@ Each audited round arrives as the server intercepted it, every reply read once
   (``bench/dlg_throughput.py``: 3.9x the evaluations per second of one at a
   time). Closed-form attacks run on the driver thread.
 
+Under ``audit.threat-model = "aggregate"`` (secure aggregation's view) a round is one
+observation, the example-weighted mean of its replies, analysed and attacked as one
+upload on all the summed clients' examples and scored against all of them.
+
 In ``audit.probe-rounds`` the victims are also probed, a counterfactual: the
 attacks run on one batch's gradient at the sent model, which the server never
 receives; its records say ``probe``.
@@ -38,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from flwr.app import ArrayRecord
 from rich.console import Console
 
-from fedsim.attacks.base import Observation, ThreatModel
+from fedsim.attacks.base import AGGREGATE_CLIENT, Observation, ThreatModel
 from fedsim.attacks.leakage import LeakInput, PublicData, RepresentativesLeak
 from fedsim.audit.canaries import CanaryAudit
 from fedsim.audit.candidates import AuditPool, draw_candidates
@@ -71,6 +76,7 @@ from fedsim.core.truth import GroundTruth, TruthSource
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
 PROGRESS_EVERY_S = 30.0  # a line while the round waits for its attacks: never silent
+SUM_STREAM = 2**32  # an aggregate's place in per-client seed streams: above every partition id
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,8 @@ class _Victim:
     client: int
     observation: Observation
     truth: GroundTruth | None
+    # Whose data the truth holds: the client, or the clients an aggregate sums.
+    partitions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class _Analysed:
     inputs: LeakInput
     truth: LeakTruth | None
     candidates: int
+    partitions: tuple[int, ...]
 
     @property
     def client(self) -> int:
@@ -184,13 +193,17 @@ class Auditor:
         if self.cfg.audits_round(server_round):
             threat = self.cfg.threat_model
             every = any(a.cls.every_client for a in self.leaks)
-            seen = {
-                r.partition: self._victim(intercepted, r, threat)
-                for r in intercepted.replies
-                if r.partition in chosen or every
-            }
-            self._submit_leaks(server_round, chosen, seen)
-            victims = [seen[p] for p in chosen]
+            if threat == "aggregate":  # one observation: the round's sum
+                audited, seen = [AGGREGATE_CLIENT], {AGGREGATE_CLIENT: self._sum(intercepted)}
+            else:
+                audited = chosen
+                seen = {
+                    r.partition: self._victim(intercepted, r, threat)
+                    for r in intercepted.replies
+                    if r.partition in chosen or every
+                }
+            self._submit_leaks(server_round, audited, seen)
+            victims = [seen[p] for p in audited]
             self._note_unreachable(victims)
             self._submit_attacks(server_round, self.attacks, victims)
         if server_round in self.cfg.probe_rounds and self.cfg.threat_model != "probe":
@@ -213,7 +226,23 @@ class Auditor:
         elif self.truth is not None:
             truth = self.truth.update_batch(reply.partition, intercepted.round, reply.config)
         observation = self.view.observe(intercepted, reply, threat, probe)
-        return _Victim(reply.partition, observation, truth)
+        return _Victim(reply.partition, observation, truth, (reply.partition,))
+
+    def _sum(self, intercepted: InterceptedRound) -> _Victim:
+        """The round's aggregate as the ``aggregate`` threat model observes it; its truth
+        (the scorer's) is every summed client's examples, in partition order."""
+        partitions = tuple(r.partition for r in intercepted.replies)
+        truth = None
+        if self.truth is not None:
+            batches = [
+                self.truth.update_batch(r.partition, intercepted.round, r.config)
+                for r in intercepted.replies
+            ]
+            truth = GroundTruth(
+                torch.cat([b.images for b in batches]), torch.cat([b.labels for b in batches])
+            )
+        observation = self.view.observe_aggregate(intercepted)
+        return _Victim(AGGREGATE_CLIENT, observation, truth, partitions)
 
     def _reach(self, attack: Resolved) -> int:
         """The most images an update ``attack`` is run on may hold: a closed-form attack's
@@ -225,9 +254,11 @@ class Auditor:
         reach = max((self._reach(a) for a in self.attacks), default=0)
         beyond = [v for v in victims if v.observation.num_examples > reach]
         if beyond and self.attacks:
-            sizes = ", ".join(f"{v.client} ({v.observation.num_examples})" for v in beyond)
+            sizes = ", ".join(
+                f"{v.observation.source} ({v.observation.num_examples})" for v in beyond
+            )
             self.console.print(
-                f"  audit round {beyond[0].observation.round}: no reconstruction for client(s) "
+                f"  audit round {beyond[0].observation.round}: no reconstruction for "
                 f"{sizes}: updates computed on more than audit.max-images = "
                 f"{self.cfg.max_images} images, the measured reach "
                 "(docs/attacks.md#reach-on-real-multi-step-updates)"
@@ -249,13 +280,14 @@ class Auditor:
         assert self.pool is not None
         observation, truth = victim.observation, victim.truth
         public: PublicData = self.pool.public
+        partitions = victim.partitions
         if truth is None:
-            return _Analysed(LeakInput(observation, public), None, 0)
+            return _Analysed(LeakInput(observation, public), None, 0, partitions)
         if not analysis.cls.needs_candidates:
-            return _Analysed(LeakInput(observation, public), LeakTruth(truth), 0)
+            return _Analysed(LeakInput(observation, public), LeakTruth(truth), 0, partitions)
         if self.canaries is not None and victim.client == self.canaries.client:
             inputs, scored = self.canaries.inputs(observation, public, truth)
-            return _Analysed(inputs, scored, len(self.canaries.candidates))
+            return _Analysed(inputs, scored, len(self.canaries.candidates), partitions)
         candidates, members = draw_candidates(
             truth,
             self.pool,
@@ -263,12 +295,13 @@ class Auditor:
             self.view.normalization,
             self.cfg.seed,
             observation.round,
-            victim.client,
+            SUM_STREAM if victim.client == AGGREGATE_CLIENT else victim.client,
         )
         return _Analysed(
             LeakInput(observation, public, candidates),
             LeakTruth(truth, members),
             len(candidates),
+            partitions,
         )
 
     def _submit_attacks(
@@ -365,7 +398,7 @@ class Auditor:
         for victim, result in zip(job.victims, results, strict=True):
             if isinstance(victim, _Analysed):
                 observation = victim.inputs.observation
-                truth = self._with_features(observation, result, victim.truth)
+                truth = self._with_features(observation, result, victim)
                 self.log.leak(job.component, observation, result, truth, victim.candidates)
                 continue
             share = DeviceUse(use.device, use.gpu_seconds / len(results), use.peak_gpu_mb)
@@ -381,23 +414,27 @@ class Auditor:
             )
 
     def _with_features(
-        self, observation: Observation, leak: Any, truth: LeakTruth | None
+        self, observation: Observation, leak: Any, analysed: _Analysed
     ) -> LeakTruth | None:
-        """For representatives read in feature space (a private extractor), the client's
-        own features of its examples at the layer read: what the scorer compares with."""
+        """For representatives read in feature space (a private extractor), the clients'
+        own features of their examples at the layer read: what the scorer compares with."""
+        truth, source = analysed.truth, self.truth
         if not isinstance(leak, RepresentativesLeak) or leak.images is not None:
             return truth
-        if truth is None or self.truth is None or "layer" not in leak.details:
+        if truth is None or source is None or "layer" not in leak.details:
             return truth
         sent = ArrayRecord({**observation.global_params, **observation.extra_sent})
-        features = self.truth.layer_inputs(
-            observation.client_id,
-            observation.round,
-            observation.train_config,
-            sent,
-            str(leak.details["layer"]),
-        )
-        return replace(truth, features=features)
+        features = [
+            source.layer_inputs(
+                partition,
+                observation.round,
+                observation.train_config,
+                sent,
+                str(leak.details["layer"]),
+            )
+            for partition in analysed.partitions
+        ]
+        return replace(truth, features=torch.cat(features))
 
     def _wait(self, server_round: int | None) -> None:
         """Collect ``server_round``'s work (``None``: all), printing what still runs

@@ -5,6 +5,8 @@ the architecture: reply arrays whose names are model parameters go into
 ``shared``; anything else a strategy uploads (FedCG's ``generator.*``) goes
 into ``extra_uploads`` and what the server sent besides the model into
 ``extra_sent``; of the sent config, the client config and FedProx's mu.
+Under the ``aggregate`` threat model the server sees one observation a round, the
+example-weighted mean of the replies (secure aggregation's view).
 BatchNorm running buffers are not parameters: the server sees them in
 ``uploads`` exactly when the strategy uploads them (FedAvg and FedProx send
 the whole state dict; FedSplit keeps the extractor's, hence its BatchNorm
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from fedsim.attacks.base import Observation, SharedKind, ThreatModel
+from fedsim.attacks.base import AGGREGATE_CLIENT, Observation, SharedKind, ThreatModel
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ModelConfig
 from fedsim.core.data import Normalization
@@ -60,6 +62,17 @@ class InterceptedRound:
     def reply(self, partition: int) -> InterceptedReply:
         """The reply of client ``partition``."""
         return next(r for r in self.replies if r.partition == partition)
+
+    def aggregate(self) -> dict[str, torch.Tensor]:
+        """The example-weighted mean of every uploaded tensor: FedAvg's aggregate, and all
+        that a server behind secure aggregation learns of the round's replies."""
+        total = sum(r.reported_examples for r in self.replies)
+        mean: dict[str, torch.Tensor] = {}
+        for reply in self.replies:
+            weight = reply.reported_examples / total
+            for name, value in reply.arrays.items():
+                mean[name] = mean[name] + weight * value if name in mean else weight * value
+        return mean
 
 
 def _tensors(record: ArrayRecord) -> dict[str, torch.Tensor]:
@@ -161,6 +174,32 @@ class ServerView:
             proximal_mu=intercepted.proximal_mu,
             extra_uploads={k: v for k, v in reply.arrays.items() if k not in names},
             extra_sent={k: v for k, v in sent.items() if k not in names},
+        )
+
+    def observe_aggregate(self, intercepted: InterceptedRound) -> Observation:
+        """The ``aggregate`` threat model's one observation of a round: the weighted mean
+        of the replies (:meth:`InterceptedRound.aggregate`) as if one client had uploaded it,
+        on all the examples the summed clients trained on."""
+        names = self.parameter_names
+        mean, sent = intercepted.aggregate(), intercepted.sent
+        touched = tuple(r.examples_touched for r in intercepted.replies)
+        return Observation(
+            round=intercepted.round,
+            client_id=AGGREGATE_CLIENT,
+            threat_model="aggregate",
+            shared_kind="update",
+            shared={k: v for k, v in mean.items() if k in names},
+            global_params={k: v for k, v in sent.items() if k in names},
+            model=self.model,
+            input_spec=self.input_spec,
+            normalization=self.normalization,
+            train_config=intercepted.config,
+            num_examples=sum(touched),
+            strategy=self.strategy,
+            proximal_mu=intercepted.proximal_mu,
+            extra_uploads={k: v for k, v in mean.items() if k not in names},
+            extra_sent={k: v for k, v in sent.items() if k not in names},
+            summed_examples=touched,
         )
 
 

@@ -94,7 +94,7 @@ class AuditLog:
             draw_pairs(
                 image,
                 pairs,
-                f"round {observation.round}, client {observation.client_id}: {label} "
+                f"round {observation.round}, {observation.source}: {label} "
                 f"({observation.threat_model}), label acc. {score.label_accuracy:.0%}",
             )
             # Tiles for the report's table: the matched reconstructions alone, the truth once.
@@ -118,7 +118,7 @@ class AuditLog:
             else "unscored (no truth source)"
         )
         self.console.print(
-            f"  audit round {observation.round}: {label} on client {observation.client_id} "
+            f"  audit round {observation.round}: {label} on {observation.source} "
             f"({observation.threat_model}): {scored} ({record.seconds:.1f}s)"
         )
 
@@ -184,7 +184,7 @@ class AuditLog:
         draw_pairs(
             self._image(observation.round, observation.client_id, label),
             pairs,
-            f"round {observation.round}, client {observation.client_id}: {label}, "
+            f"round {observation.round}, {observation.source}: {label}, "
             "class mean above representative",
         )
 

@@ -69,6 +69,7 @@ def score_attack(
         ssim=score.ssim if score else nan,
         mse=score.mse if score else nan,
         label_acc=score.label_accuracy if score else nan,
+        images_recovered=score.recovered if score else nan,
         iterations=rec.iterations,
         steps_taken=rec.steps_taken,
         converged=rec.converged,

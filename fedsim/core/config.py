@@ -429,7 +429,10 @@ class AuditConfig:
     # The other kinds of leak (labels, membership, class representatives): analysis
     # tables, "auto" (every registered analysis that applies), or [] for none.
     leaks: tuple[ComponentConfig, ...] | Literal["auto"] = AUTO
-    threat_model: Literal["update", "probe"] = "update"
+    # "update": each reply as the server receives it; "probe": one batch's gradient at the
+    # sent model; "aggregate": only the example-weighted mean of the round's replies (what
+    # secure aggregation reveals), one observation a round on all the summed clients' data.
+    threat_model: Literal["update", "probe", "aggregate"] = "update"
     # Rounds whose victims are also probed, as a counterfactual: the reconstruction
     # attacks run on one batch's gradient at the sent model, which the server of an
     # ``update`` audit never receives (labelled "probe" in every output).
@@ -481,6 +484,13 @@ class AuditConfig:
         require(self.candidates >= 2, "candidates", self.candidates, "must be >= 2")
         require(self.canaries >= 0, "canaries", self.canaries, "must be >= 0 (0 = off)")
         require(self.canary_client >= 0, "canary-client", self.canary_client, "must be >= 0")
+        require(
+            not (self.canaries and self.threat_model == "aggregate"),
+            "canaries",
+            self.canaries,
+            "audit one client's records (its membership scores); under threat-model = "
+            '"aggregate" no client\'s own update is seen: set canaries = 0 or another threat model',
+        )
         require_seed(self.seed, "seed")
 
     def audits_round(self, server_round: int) -> bool:

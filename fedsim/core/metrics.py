@@ -38,6 +38,17 @@ class ReconstructionScore:
     per_image_ssim: tuple[float, ...]
     assignment: tuple[int, ...]
 
+    @property
+    def recovered(self) -> int:
+        """Images recovered: PSNR >= :data:`PSNR_RECOVERED` and SSIM >= :data:`SSIM_RECOVERED`."""
+        pairs = zip(self.per_image_psnr, self.per_image_ssim, strict=True)
+        return sum(p >= PSNR_RECOVERED and s >= SSIM_RECOVERED for p, s in pairs)
+
+
+PSNR_RECOVERED = 20.0
+SSIM_RECOVERED = 0.8
+"""An image counts as recovered at both (Dimitrov et al.'s share; bench/fedavg_leakage.py)."""
+
 
 def psnr_from_mse(mse: float) -> float:
     """PSNR in dB with peak 1; identical images give +inf."""

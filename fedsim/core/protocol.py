@@ -209,6 +209,9 @@ class AuditRecord:
     ssim: float
     mse: float
     label_acc: float
+    # Images at PSNR >= 20 dB and SSIM >= 0.8 (core.metrics.ReconstructionScore.recovered);
+    # NaN unscored. Of an aggregate's, however many of its clients' images they are.
+    images_recovered: float
     iterations: int  # the step budget
     steps_taken: int  # steps run (fewer when the attack stopped early)
     converged: bool  # the kept restart met the convergence rule (attacks.convergence)

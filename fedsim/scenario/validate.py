@@ -160,6 +160,29 @@ def check_stragglers(
     )
 
 
+def check_aggregate_audit(
+    scenario: Scenario, strategy: str, strategy_cls: type[EngineHooks]
+) -> None:
+    """An ``aggregate`` audit needs a strategy whose server reads only the weighted mean of
+    the replies (what secure aggregation reveals), over every reply (no stragglers dropped)."""
+    if not (scenario.audit.enabled and scenario.audit.threat_model == "aggregate"):
+        return
+    able = sorted(name for name in STRATEGIES.names() if STRATEGIES.get(name).weighted_mean)
+    require(
+        strategy_cls.weighted_mean,
+        "audit.threat-model",
+        "aggregate",
+        f"strategy {strategy!r} reads replies one by one, which secure aggregation hides; "
+        f"these read only their weighted mean: {', '.join(able)}",
+    )
+    require(
+        scenario.federation.stragglers == 0,
+        "audit.threat-model",
+        "aggregate",
+        "the strategy leaves stragglers out of its mean: set federation.stragglers = 0",
+    )
+
+
 def check_components(scenario: Scenario) -> Components:
     """Every name and parameter the scenario gives and how they fit, resolved; raise
     ScenarioError."""
@@ -185,6 +208,7 @@ def check_components(scenario: Scenario) -> Components:
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
     strategy.cls.check_scenario(scenario)
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
+    check_aggregate_audit(scenario, strategy.name, strategy.cls)
     client = client_spec(scenario, partitioner, generator)
     check_defences(client, scenario.strategy.name)
     audit = AuditPlan()

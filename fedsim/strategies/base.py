@@ -109,6 +109,9 @@ class EngineHooks(ABC):
     ``None``: it cannot run stragglers."""
     global_model: ClassVar[bool] = True
     """Whether the aggregate is a whole model the server can test on held-out data."""
+    weighted_mean: ClassVar[bool] = False
+    """Whether the server reads the replies only through their example-weighted mean, all
+    that secure aggregation reveals (``audit.threat-model = "aggregate"`` needs it)."""
 
     @classmethod
     def from_params(cls, params: Any, **arguments: Any) -> Self:

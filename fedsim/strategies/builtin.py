@@ -108,8 +108,10 @@ def params_class(flower_cls: type) -> type:
     )
 
 
-def flower_strategy(name: str, flower_cls: type) -> type[FedAvg]:
-    """Register Flower's ``flower_cls`` as strategy ``name``, with fedsim's services."""
+def flower_strategy(name: str, flower_cls: type, weighted_mean: bool) -> type[FedAvg]:
+    """Register Flower's ``flower_cls`` as strategy ``name``, with fedsim's services;
+    ``weighted_mean``: whether it reads the replies only through their weighted mean
+    (a server optimiser on it), not one by one (a robust aggregator)."""
     params = params_class(flower_cls)
     fields = {f.name for f in dataclasses.fields(params)}
 
@@ -128,15 +130,16 @@ def flower_strategy(name: str, flower_cls: type) -> type[FedAvg]:
             "__doc__": f"Flower's ``{flower_cls.__name__}`` with fedsim's metrics and hooks.",
             "Params": params,
             "client_routine": "fedavg",
+            "weighted_mean": weighted_mean,
         },
     )
     return STRATEGIES.register(name)(cls)
 
 
-FedAdam = flower_strategy("fedadam", flower.FedAdam)
-FedYogi = flower_strategy("fedyogi", flower.FedYogi)
-FedAdagrad = flower_strategy("fedadagrad", flower.FedAdagrad)
-FedAvgM = flower_strategy("fedavgm", flower.FedAvgM)
-FedTrimmedAvg = flower_strategy("fedtrimmedavg", flower.FedTrimmedAvg)
-Krum = flower_strategy("krum", flower.Krum)
-FedMedian = flower_strategy("fedmedian", flower.FedMedian)
+FedAdam = flower_strategy("fedadam", flower.FedAdam, weighted_mean=True)
+FedYogi = flower_strategy("fedyogi", flower.FedYogi, weighted_mean=True)
+FedAdagrad = flower_strategy("fedadagrad", flower.FedAdagrad, weighted_mean=True)
+FedAvgM = flower_strategy("fedavgm", flower.FedAvgM, weighted_mean=True)
+FedTrimmedAvg = flower_strategy("fedtrimmedavg", flower.FedTrimmedAvg, weighted_mean=False)
+Krum = flower_strategy("krum", flower.Krum, weighted_mean=False)
+FedMedian = flower_strategy("fedmedian", flower.FedMedian, weighted_mean=False)

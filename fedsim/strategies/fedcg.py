@@ -151,6 +151,7 @@ class FedCG(FedSplit):
     Params: ClassVar[type] = FedCGParams
     client_routine: ClassVar[str] = "fedcg"
     shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDCG_SHARED
+    weighted_mean: ClassVar[bool] = False  # the server distils from each client's generator
 
     def __init__(
         self,

@@ -30,3 +30,4 @@ class Local(FedSplit):
     Params: ClassVar[type] = LocalParams
     client_routine: ClassVar[str] = "local"
     shared_prefixes: ClassVar[tuple[str, ...]] = ()
+    weighted_mean: ClassVar[bool] = False  # nothing is uploaded
