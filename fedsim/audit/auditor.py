@@ -85,7 +85,7 @@ class _Victim:
     observation: Observation
     truth: GroundTruth | None
     # Whose data the truth holds: the client, or the clients an aggregate sums.
-    partitions: tuple[int, ...] = ()
+    partitions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -397,8 +397,8 @@ class Auditor:
         wall = time.perf_counter() - job.submitted
         for victim, result in zip(job.victims, results, strict=True):
             if isinstance(victim, _Analysed):
+                truth = self._with_features(result, victim)
                 observation = victim.inputs.observation
-                truth = self._with_features(observation, result, victim)
                 self.log.leak(job.component, observation, result, truth, victim.candidates)
                 continue
             share = DeviceUse(use.device, use.gpu_seconds / len(results), use.peak_gpu_mb)
@@ -413,12 +413,10 @@ class Auditor:
                 job.counterfactual,
             )
 
-    def _with_features(
-        self, observation: Observation, leak: Any, analysed: _Analysed
-    ) -> LeakTruth | None:
+    def _with_features(self, leak: Any, analysed: _Analysed) -> LeakTruth | None:
         """For representatives read in feature space (a private extractor), the clients'
         own features of their examples at the layer read: what the scorer compares with."""
-        truth, source = analysed.truth, self.truth
+        truth, source, observation = analysed.truth, self.truth, analysed.inputs.observation
         if not isinstance(leak, RepresentativesLeak) or leak.images is not None:
             return truth
         if truth is None or source is None or "layer" not in leak.details:

@@ -178,29 +178,18 @@ class ServerView:
 
     def observe_aggregate(self, intercepted: InterceptedRound) -> Observation:
         """The ``aggregate`` threat model's one observation of a round: the weighted mean
-        of the replies (:meth:`InterceptedRound.aggregate`) as if one client had uploaded it,
-        on all the examples the summed clients trained on."""
-        names = self.parameter_names
-        mean, sent = intercepted.aggregate(), intercepted.sent
+        of the replies (:meth:`InterceptedRound.aggregate`) observed as if one client had
+        uploaded it, on all the examples the summed clients trained on."""
         touched = tuple(r.examples_touched for r in intercepted.replies)
-        return Observation(
-            round=intercepted.round,
-            client_id=AGGREGATE_CLIENT,
-            threat_model="aggregate",
-            shared_kind="update",
-            shared={k: v for k, v in mean.items() if k in names},
-            global_params={k: v for k, v in sent.items() if k in names},
-            model=self.model,
-            input_spec=self.input_spec,
-            normalization=self.normalization,
-            train_config=intercepted.config,
-            num_examples=sum(touched),
-            strategy=self.strategy,
-            proximal_mu=intercepted.proximal_mu,
-            extra_uploads={k: v for k, v in mean.items() if k not in names},
-            extra_sent={k: v for k, v in sent.items() if k not in names},
-            summed_examples=touched,
+        summed = InterceptedReply(
+            partition=AGGREGATE_CLIENT,
+            reported_examples=sum(r.reported_examples for r in intercepted.replies),
+            examples_touched=sum(touched),
+            config=intercepted.config,
+            arrays=intercepted.aggregate(),
         )
+        observation = self.observe(intercepted, summed, "aggregate")
+        return dataclasses.replace(observation, summed_examples=touched)
 
 
 def reveal_batch_statistics(observation: Observation, truth: GroundTruth) -> Observation:
