@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from rich.console import Console
 
 from fedsim.clients.app import build_client_app
 from fedsim.clients.base import ClientEnv
@@ -27,12 +28,14 @@ from fedsim.core.config import Scenario
 from fedsim.core.data import load_dataset
 from fedsim.core.protocol import RoundRecord
 from fedsim.core.training import client_config_record
-from fedsim.scenario.components import client_spec
+from fedsim.outputs.results import RunRecorder
+from fedsim.outputs.run_folder import new_run_dir
+from fedsim.scenario.components import Components, client_spec
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.discovery import discover_partitions
 from fedsim.simulation.flower import message_context
 from fedsim.simulation.loop import run_rounds
-from fedsim.simulation.runner import build_strategy, sampled_grid
+from fedsim.simulation.runner import build_strategy, sampled_grid, serve
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.sampling import PartitionSampler
@@ -191,3 +194,19 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
         evaluate_fn=server.evaluate if strategy_cls.global_model else None,
     )
     return run
+
+
+def serve_inprocess(
+    scenario: Scenario, out: Path, components: Components
+) -> tuple[InProcessGrid, RunRecorder]:
+    """``components`` (validated from ``scenario``) served as a run serves them (strategy,
+    audit, recorder, run folder under ``out``) against the real ClientApp in process."""
+    run_dir = new_run_dir(scenario.output, scenario.name, out)
+    routine = STRATEGIES.get(scenario.strategy.name).client_routine
+    grid = InProcessGrid(
+        build_client_app(client_spec(scenario), routine, None), scenario.federation.num_clients
+    )
+    recorder = RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
+    with message_context():
+        serve(grid, components, recorder, Console(quiet=True))  # type: ignore[arg-type]
+    return grid, recorder

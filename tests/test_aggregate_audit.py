@@ -11,24 +11,18 @@ import pandas as pd
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from inprocess import InProcessGrid
-from rich.console import Console
+from inprocess import serve_inprocess
 
 from fedsim.attacks.base import AGGREGATE_CLIENT
 from fedsim.audit.observe import ServerView, intercept
-from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ModelConfig, ScenarioError, scenario_from_dict
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import client_config_record
-from fedsim.outputs.results import RunRecorder
-from fedsim.outputs.run_folder import AUDIT_FILE, LEAKS_FILE, new_run_dir
-from fedsim.scenario.components import client_spec
+from fedsim.outputs.run_folder import AUDIT_FILE, LEAKS_FILE
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.flower import message_context
-from fedsim.simulation.runner import serve
-from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedavg import FedAvg
 
 SIZES = {0: 3, 1: 7, 2: 12}  # reported examples per partition: unequal weights
@@ -95,13 +89,8 @@ def test_box_vertices_reads_most_of_a_two_client_aggregate_and_the_leaks_read_it
     """Secure aggregation of two FedSGD clients of 8 digits each is one 16-image gradient to
     box-vertices; the leak analyses run on the same one observation a round."""
     scenario = scenario_from_dict(_federation(attacks=[{"name": "box-vertices"}]))
-    run_dir = new_run_dir(scenario.output, scenario.name, tmp_path / "run")
-    routine = STRATEGIES.get("fedavg").client_routine
-    grid = InProcessGrid(build_client_app(client_spec(scenario), routine, None), 3)
-    recorder = RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
-
-    with message_context():
-        serve(grid, check_components(scenario), recorder, Console(quiet=True))  # type: ignore[arg-type]
+    _, recorder = serve_inprocess(scenario, tmp_path / "run", check_components(scenario))
+    run_dir = recorder.run_dir
 
     audit = pd.read_csv(run_dir / AUDIT_FILE)
     assert list(audit["round"]) == [1, 2]

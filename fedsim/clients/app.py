@@ -6,6 +6,7 @@ from pathlib import Path
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
 
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientSpec
@@ -24,6 +25,9 @@ def build_client_app(
     marked with an injected failure fail in the mod (:mod:`fedsim.simulation.failures`).
     In a run with stragglers, train replies also echo ``straggler`` and the
     ``local-epochs`` the routine trained (:mod:`fedsim.strategies.stragglers`).
+    Under central DP with client-side clipping, Flower's ``fixedclipping_mod``
+    clips each train reply's update to the norm the server's wrapper sends (a
+    train-only mod, inside the failure mod).
     """
     app = ClientApp(mods=[inject_failures])
     routine = CLIENT_ROUTINES.get(routine_name)()
@@ -32,7 +36,7 @@ def build_client_app(
         partition = int(context.node_config[protocol.PARTITION_ID])
         return ClientEnv.create(spec, partition, context.state, state_dir)
 
-    @app.train()
+    @app.train(mods=[fixedclipping_mod] if spec.central_clipping else None)
     def train(msg: Message, context: Context) -> Message:
         env = env_of(context)
         # The client's defences act inside it, before the reply leaves it.

@@ -39,10 +39,11 @@ class ClientSpec:
     whether it trains on a GPU, its ``[[defences]]`` in order, and the data's
     partitioner, or generator for a generated dataset: each resolved, its
     class with its frozen ``Params`` (``None``: resolved from ``data`` where
-    used), and the audit's canaries (:mod:`fedsim.core.canaries`: client
-    ``canaries.client`` trains on its share of them). How it trains (optimiser,
-    learning rate, epochs, batch size) comes with each round's config, as Flower
-    sends it.
+    used), the audit's canaries (:mod:`fedsim.core.canaries`: client
+    ``canaries.client`` trains on its share of them), and whether Flower's
+    ``fixedclipping_mod`` clips its replies (``[central-dp] clipping = "client"``).
+    How it trains (optimiser, learning rate, epochs, batch size) comes with each
+    round's config, as Flower sends it.
     """
 
     model: ModelConfig
@@ -54,6 +55,7 @@ class ClientSpec:
     partitioner: Resolved | None = None
     generator: Resolved | None = None
     canaries: CanaryPlan = field(default_factory=CanaryPlan)
+    central_clipping: bool = False
 
 
 @dataclass

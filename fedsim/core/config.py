@@ -500,6 +500,40 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class CentralDPConfig:
+    """Flower's central differential privacy around the strategy (off by default).
+
+    ``clipping = "server"`` wraps the strategy in Flower's
+    ``DifferentialPrivacyServerSideFixedClipping`` (the server clips each reply's update
+    to ``clipping-norm``); ``"client"`` in ``DifferentialPrivacyClientSideFixedClipping``,
+    with Flower's ``fixedclipping_mod`` clipping on the clients. Either way the server
+    adds Gaussian noise of standard deviation ``noise-multiplier * clipping-norm / n`` to
+    the mean of the ``n`` sampled clients' models, and Flower's RDP accountant reports
+    the user-level epsilon at ``delta`` after every round (without amplification by
+    sampling: an upper bound).
+    """
+
+    clipping: Literal["off", "server", "client"] = "off"
+    noise_multiplier: float = 1.0
+    clipping_norm: float = 1.0
+    delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        require(
+            self.noise_multiplier > 0,
+            "noise-multiplier",
+            self.noise_multiplier,
+            "must be > 0 (Flower's accountant needs noise)",
+        )
+        require(self.clipping_norm > 0, "clipping-norm", self.clipping_norm, "must be > 0")
+        require(0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.clipping != "off"
+
+
+@dataclass(frozen=True)
 class FailureConfig:
     """Reply deadline, injected client failures, and how many replies a round needs.
 
@@ -568,6 +602,7 @@ class Scenario:
     defences: tuple[ComponentConfig, ...] = ()
     backend: BackendConfig = BackendConfig()
     audit: AuditConfig = AuditConfig()
+    central_dp: CentralDPConfig = CentralDPConfig()
     failures: FailureConfig = FailureConfig()
     output: OutputConfig = OutputConfig()
     log: LogConfig = LogConfig()

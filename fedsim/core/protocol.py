@@ -47,6 +47,8 @@ TRAIN_LOSS = "train-loss"
 EVAL_LOSS = "eval-loss"
 EVAL_ACC = "eval-acc"
 DP_EPSILON = "dp-epsilon"  # DP-SGD's epsilon spent so far
+# Central DP's user-level epsilon spent so far (Flower's RDP accountant; [central-dp]).
+CENTRAL_DP_EPSILON = "central-dp-epsilon"
 GAN_D_LOSS = "gan-d-loss"
 GAN_G_LOSS = "gan-g-loss"
 FEDCG_CE = "fedcg-ce-loss"  # FedCG stage 1: mean cross-entropy term

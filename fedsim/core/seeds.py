@@ -51,6 +51,7 @@ class SeedStream(enum.Enum):
     DEFENCE_PROBE = ("defence-probe", Party.FEDERATION, ("seed", "round", "partition"))
     DP_SGD = ("dp-sgd", Party.FEDERATION, ("seed", "round", "partition"))
     DP_SGD_GAN = ("dp-sgd-gan", Party.FEDERATION, ("seed", "round", "partition"))
+    CENTRAL_DP_NOISE = ("central-dp-noise", Party.FEDERATION, ("seed", "round"))
     DISTILL = ("distill", Party.FEDERATION, ("seed", "round"))
     DISTILL_PROBE = ("distill-probe", Party.FEDERATION, ("seed", "round"))
     # Generated datasets (:mod:`fedsim.core.generated`): "seed" is the generator's own

@@ -70,6 +70,10 @@ NOT_CURVES = {
     *protocol.AUDIT_COLUMNS,
 }
 ACCURACY = (protocol.TEST_ACC, protocol.CLIENT_EVAL_ACC)
+EPSILON = {
+    protocol.DP_EPSILON: "record level, DP-SGD's accountant (Opacus)",
+    protocol.CENTRAL_DP_EPSILON: "user level, central DP's accountant (Flower)",
+}
 LOSS = (protocol.TRAIN_LOSS, protocol.TEST_LOSS, protocol.CLIENT_EVAL_LOSS)
 AUDIT_SCORES = (("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("label_acc", "label accuracy"))
 
@@ -218,6 +222,9 @@ def _overview(run_dir: Path, metrics: pd.DataFrame) -> list[str]:
         for key in ACCURACY:
             if key in metrics and math.isfinite(float(last[key])):
                 lines.append(f"final {key}: {float(last[key]):.4f}")
+        for key, meaning in EPSILON.items():
+            if key in metrics and math.isfinite(float(last[key])):
+                lines.append(f"{key} after the last round: {float(last[key]):.3g} ({meaning})")
     return lines
 
 

@@ -196,6 +196,7 @@ def write_summary(
     if failures:
         count = sum(int(r[protocol.FAILURES]) for r in failures)
         lines.append(f"- client failures: {count} in {len(failures)} of {len(rows)} rounds")
+    lines += central_dp_lines(scenario, rows)
     lines += epsilon_lines(rows)
     lines += audit_summary_lines(run_dir)
     text = "\n".join(lines) + "\n"
@@ -203,6 +204,22 @@ def write_summary(
     info = {WALL_SECONDS: wall_seconds, DEPARTURES: list(departures)}
     (run_dir / RUN_INFO_FILE).write_text(json.dumps(info) + "\n")
     return text
+
+
+def central_dp_lines(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str]:
+    """Flower's central DP: its settings and the accountant's user-level epsilon spent."""
+    central = scenario.central_dp
+    if not central.enabled:
+        return []
+    spent = [e for r in rows if math.isfinite(e := r.get(protocol.CENTRAL_DP_EPSILON, math.nan))]
+    released = f"{spent[-1]:.3g} after {len(spent)} noised rounds" if spent else "none released"
+    return [
+        f"- central DP (Flower's {central.clipping}-side fixed clipping, noise multiplier "
+        f"{central.noise_multiplier:g}, clipping norm {central.clipping_norm:g}): user-level "
+        f"epsilon {released} at delta {central.delta:g} (Flower's RDP accountant, no "
+        "amplification by sampling); the server adds the noise after aggregating, so it "
+        "protects the released model, not the server's view"
+    ]
 
 
 def epsilon_lines(rows: list[dict[str, Any]]) -> list[str]:

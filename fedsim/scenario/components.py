@@ -55,4 +55,5 @@ def client_spec(
         partitioner=partitioner or resolve_partitioner(data),
         generator=generator or resolve_generator(data),
         canaries=CanaryPlan(canaries, audit.canary_client, audit.seed),
+        central_clipping=scenario.central_dp.clipping == "client",
     )

@@ -29,6 +29,7 @@ from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LEAKS
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.defences import DEFENCES, check_defences
+from fedsim.core import protocol
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import (
     ClientConfig,
@@ -183,6 +184,68 @@ def check_aggregate_audit(
     )
 
 
+def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[EngineHooks]) -> None:
+    """Flower's central DP calibrates its noise to the plain mean of every sampled client's
+    clipped update, and scales and noises every uploaded array."""
+    central = scenario.central_dp
+    if not central.enabled:
+        return
+    key, value = "central-dp.clipping", central.clipping
+    able = sorted(name for name in STRATEGIES.names() if STRATEGIES.get(name).plain_mean)
+    require(
+        strategy_cls.plain_mean,
+        key,
+        value,
+        f"strategy {strategy!r} does not release the plain mean of the uploads, to which "
+        f"Flower's central DP calibrates its noise; these do: {', '.join(able)}",
+    )
+    require(
+        scenario.federation.stragglers == 0 and scenario.failures.fraction == 0,
+        key,
+        value,
+        "Flower's accountant counts every sampled client in each release; set "
+        "federation.stragglers = 0 and failures.fraction = 0",
+    )
+    require(
+        not (scenario.audit.enabled and scenario.audit.threat_model == "aggregate")
+        or central.clipping == "client",
+        key,
+        value,
+        "server-side clipping reads each reply, which secure aggregation (audit.threat-model = "
+        '"aggregate") hides; use clipping = "client"',
+    )
+    spec = _image_spec(scenario.data.image_size, scenario.data.channels == "rgb")
+    with torch.device("meta"):
+        state = MODELS.get(scenario.model.name)(spec).state_dict()
+    prefixes = strategy_cls.shared_prefixes
+    uploaded = state if prefixes is None else protocol.keep_prefixed(state, prefixes)
+    counters = [name for name, tensor in uploaded.items() if not tensor.is_floating_point()]
+    require(
+        not counters,
+        key,
+        value,
+        f"Flower's central DP scales and noises every uploaded array, and model "
+        f"{scenario.model.name!r} uploads integer ones ({counters[0] if counters else ''}, "
+        "BatchNorm's counter); use a model without BatchNorm or a strategy that keeps it "
+        "private (fedsplit)",
+    )
+
+
+def check_equal_partitions(data: DataConfig, fed: FederationConfig) -> None:
+    """Central DP's noise (``clipping-norm / n`` per client) assumes equal client weights."""
+    splits = partition_dataset(data, fed.num_clients, fed.seed)
+    sizes = sorted({len(split.train) for split in splits})
+    require(
+        len(sizes) == 1,
+        "central-dp.clipping",
+        "on",
+        f"Flower's central DP weighs every client equally (noise for clipping-norm / n), and "
+        f"fedsim's strategies weigh them by examples: the partition gives clients "
+        f"{sizes[0]} to {sizes[-1]} training examples; use data.samples-per-client or a "
+        "number of clients that divides the data",
+    )
+
+
 def check_components(scenario: Scenario) -> Components:
     """Every name and parameter the scenario gives and how they fit, resolved; raise
     ScenarioError."""
@@ -209,6 +272,7 @@ def check_components(scenario: Scenario) -> Components:
     strategy.cls.check_scenario(scenario)
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
     check_aggregate_audit(scenario, strategy.name, strategy.cls)
+    check_central_dp(scenario, strategy.name, strategy.cls)
     client = client_spec(scenario, partitioner, generator)
     check_defences(client, scenario.strategy.name)
     audit = AuditPlan()
@@ -405,6 +469,8 @@ def check_machine(scenario: Scenario) -> None:
     else:
         check_data_fits(data, fed, backend)
         check_partition(data, fed, scenario.client, scenario.model)
+        if scenario.central_dp.enabled:
+            check_equal_partitions(data, fed)
         if scenario.audit.enabled and scenario.audit.canaries:
             check_canary_pool(data, scenario.audit.canaries)
 

@@ -48,6 +48,7 @@ from fedsim.simulation.lifecycle import RaySession, RunInterrupted, StopGuard, r
 from fedsim.simulation.loop import RoundCallback, run_rounds
 from fedsim.simulation.resources import reserve_audit, start_ray
 from fedsim.strategies.base import FedsimStrategy, ServerResources
+from fedsim.strategies.central_dp import with_central_dp
 from fedsim.strategies.sampling import TAKE_EVERY_NODE, PartitionSampler, SampledGrid
 from fedsim.strategies.stragglers import StragglerPlan
 
@@ -98,10 +99,16 @@ def stop_ray(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
 def build_strategy(components: Components, server: ServerResources) -> FedsimStrategy:
     """The scenario's strategy, built from its parameters as a Flower user would: it
     asks every node the grid offers (fedsim samples through the grid), and gets what
-    the server gives its constructor (the seeded network; FedCG's seed)."""
+    the server gives its constructor (the seeded network; FedCG's seed); wrapped in
+    Flower's central DP when the scenario has ``[central-dp]``."""
     cls = components.strategy.cls
     options = {**TAKE_EVERY_NODE, **cls.server_arguments(server)}
     strategy: FedsimStrategy = cls.from_params(components.strategy.params, **options)
+    central_dp, fed = components.scenario.central_dp, components.scenario.federation
+    if central_dp.enabled:
+        return with_central_dp(
+            strategy, central_dp, fed.sampled_per_round, fed.num_clients, fed.seed
+        )
     return strategy
 
 

@@ -112,6 +112,9 @@ class EngineHooks(ABC):
     weighted_mean: ClassVar[bool] = False
     """Whether the server reads the replies only through their example-weighted mean, all
     that secure aggregation reveals (``audit.threat-model = "aggregate"`` needs it)."""
+    plain_mean: ClassVar[bool] = False
+    """Whether the new global model is the weighted mean of the uploads itself (no server
+    optimiser, no robust selection): Flower's central DP calibrates its noise to it."""
 
     @classmethod
     def from_params(cls, params: Any, **arguments: Any) -> Self:

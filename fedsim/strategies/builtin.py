@@ -131,6 +131,7 @@ def flower_strategy(name: str, flower_cls: type, weighted_mean: bool) -> type[Fe
             "Params": params,
             "client_routine": "fedavg",
             "weighted_mean": weighted_mean,
+            "plain_mean": False,  # a server optimiser or a robust aggregate
         },
     )
     return STRATEGIES.register(name)(cls)

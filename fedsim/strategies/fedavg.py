@@ -90,6 +90,7 @@ class FedAvg(FlowerFedAvg, FedsimStrategy):
     client_routine: ClassVar[str] = "fedavg"
     straggler_replies: ClassVar[Literal["drop", "aggregate"] | None] = "drop"
     weighted_mean: ClassVar[bool] = True
+    plain_mean: ClassVar[bool] = True
 
     def __init__(
         self, *, network: Callable[[], torch.nn.Module] | None = None, **flower_options: Any

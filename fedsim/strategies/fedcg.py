@@ -152,6 +152,7 @@ class FedCG(FedSplit):
     client_routine: ClassVar[str] = "fedcg"
     shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDCG_SHARED
     weighted_mean: ClassVar[bool] = False  # the server distils from each client's generator
+    plain_mean: ClassVar[bool] = False
 
     def __init__(
         self,

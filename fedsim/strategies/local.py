@@ -31,3 +31,4 @@ class Local(FedSplit):
     client_routine: ClassVar[str] = "local"
     shared_prefixes: ClassVar[tuple[str, ...]] = ()
     weighted_mean: ClassVar[bool] = False  # nothing is uploaded
+    plain_mean: ClassVar[bool] = False

@@ -141,8 +141,9 @@ def report_markdown(
         "[0, 1] (peak 1), SSIM with an 11-pixel Gaussian window, label accuracy the multiset "
         "overlap; each is the mean over every audited (round, victim) of a run. PSNR median, "
         "max and success (the share of attacks reaching the threshold) pool every attack of "
-        "every seed. Lower PSNR and SSIM mean less leakage. epsilon (DP-SGD rows) is the "
-        "final round's (delta as set).",
+        "every seed. Lower PSNR and SSIM mean less leakage. epsilon is the accountant's after "
+        "the final round (delta as set): record level for DP-SGD rows, user level for central "
+        "DP rows.",
         "",
         f"![privacy-utility plot]({PLOT_FILE})",
         "",

@@ -36,6 +36,16 @@ from fedsim.sweeps.spec import Configuration
 SCORES = ("accuracy", "psnr", "ssim", "label-acc", "epsilon")
 
 
+def accountant_epsilon(last: pd.Series) -> float:
+    """The accountant's epsilon after the last round: DP-SGD's (record level), else central
+    DP's (user level), else NaN."""
+    for key in (protocol.DP_EPSILON, protocol.CENTRAL_DP_EPSILON):
+        value = float(last.get(key, math.nan))
+        if math.isfinite(value):
+            return value
+    return math.nan
+
+
 def _finite_mean(values: pd.Series) -> float:
     finite = values[np.isfinite(values.astype(float))]
     return float(finite.mean()) if len(finite) else math.nan
@@ -86,7 +96,7 @@ def run_results(
         "seed": config.seed,
         "accuracy": score,
         "accuracy-from": source,
-        "epsilon": float(last.get(protocol.DP_EPSILON, math.nan)),
+        "epsilon": accountant_epsilon(last),
         "rounds": len(metrics),
         "seconds": read_wall_seconds(run_dir),
         "run": str(run_dir.relative_to(run_dir.parents[2])),  # relative to the sweep
