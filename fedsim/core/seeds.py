@@ -70,6 +70,8 @@ class SeedStream(enum.Enum):
     # The one-run audit's canaries (which held-out records, their wrong labels, their
     # coins): the auditor designs them, the canary client's data and the scorer read them.
     AUDIT_CANARIES = ("audit-canaries", Party.ATTACKER, ("seed",))
+    # User-level canary clients' directions (Andrew et al.): the auditor's design too.
+    AUDIT_CANARY_CLIENTS = ("audit-canary-clients", Party.ATTACKER, ("seed",))
     # A leak analysis's own draws (shadow updates on public data, ...).
     LEAK_ANALYSIS = ("leak-analysis", Party.ATTACKER, ("attack-seed",))
     ATTACK = ("attack", Party.ATTACKER, ("seed", "round", "partition"))
