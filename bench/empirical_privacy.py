@@ -19,6 +19,12 @@ setting of ``tests/test_canaries.py``: 2 clients of 20 digits, ``lenet5-split``,
 3e-3, 60 local epochs, one round, a real Flower simulation on Ray per row::
 
     .venv/bin/python bench/empirical_privacy.py [--level both] [--seeds 0 1 2] [--out FILE]
+
+Measured (commit 771fd53's code, 2 cores, load 2.4-3.8 beside one other job; tables and what
+they say in docs/leaks.md): user level at noise 0.5 / 1 / 2 / 4, accountant 30.1 / 12.3 /
+5.38 / 2.45, exact Gaussian 28.4 / 11.5 / 4.98 / 2.26, canary estimates 28.3-29.6 /
+11.5-12.7 / 4.91-5.97 / 2.14-3.11 over seeds 0-2; record level, no defence 1.68-2.34, DP-SGD
+0.5 / 1 / 2 (accountant 149-164 / 40.6-45.1 / 14.4-16.0) 0 on every seed.
 """
 
 from __future__ import annotations

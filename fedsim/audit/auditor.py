@@ -257,11 +257,12 @@ class Auditor:
             sizes = ", ".join(
                 f"{v.observation.source} ({v.observation.num_examples})" for v in beyond
             )
+            limits = ", ".join(f"{a.name} {self._reach(a)}" for a in self.attacks)
             self.console.print(
                 f"  audit round {beyond[0].observation.round}: no reconstruction for "
-                f"{sizes}: updates computed on more than audit.max-images = "
-                f"{self.cfg.max_images} images, the measured reach "
-                "(docs/attacks.md#reach-on-real-multi-step-updates)"
+                f"{sizes}: updates computed on more images than any attack here reads "
+                f"({limits}; audit.max-images = {self.cfg.max_images} is the measured reach "
+                "of the optimising attacks, docs/attacks.md#reach-on-real-multi-step-updates)"
                 + ("; their other kinds of leak are analysed" if self.leaks else ""),
                 markup=False,
             )
