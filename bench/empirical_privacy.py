@@ -39,12 +39,12 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
-from fedsim.audit.canary_clients import run_with_canary_clients
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, scenario_from_dict
 from fedsim.core.empirical_privacy import gaussian_mechanism_epsilon
 from fedsim.outputs.run_folder import METRICS_FILE
 from fedsim.scenario.validate import validate
+from fedsim.simulation.canary_run import run_with_canary_clients
 from fedsim.simulation.runner import run_scenario
 
 CLIENTS = 4

@@ -13,10 +13,10 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
-from fedsim.audit.canary_clients import run_with_canary_clients
 from fedsim.core.config import ScenarioError, scenario_from_dict
 from fedsim.core.empirical_privacy import cosine_epsilon, gaussian_mechanism_epsilon
 from fedsim.scenario.validate import validate
+from fedsim.simulation.canary_run import run_with_canary_clients
 
 DELTA = 1e-5
 

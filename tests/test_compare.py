@@ -14,11 +14,11 @@ from rich.console import Console
 
 from fedsim.cli import main
 from fedsim.core.config import Scenario, ScenarioError
-from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE
+from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE, VERDICT_FILE
 from fedsim.sweeps.report import PLOT_FILE, REPORT_FILE, RESULTS_FILE, TABLE_CSV, TABLE_MD
 from fedsim.sweeps.runs import MARKER, RUNS_DIR, run_sweep
 from fedsim.sweeps.spec import Configuration, configurations, load_spec
-from fedsim.sweeps.table import run_results
+from fedsim.sweeps.table import run_results, summarise, table_markdown
 
 BASE: dict[str, Any] = {
     "federation": {"num-clients": 2, "rounds": 2},
@@ -371,3 +371,37 @@ def test_a_sweep_of_unaudited_runs_reads_back_without_a_pandas_warning(tmp_path:
 
     assert frame["attack"].tolist() == ["", ""]
     assert frame["accuracy-mean"].tolist() == [0.9, 0.8]
+
+
+def test_the_table_sets_both_epsilons_and_the_other_kinds_side_by_side(tmp_path: Path) -> None:
+    """The accountant's epsilon (DP-SGD's, else central DP's), the canaries' lower bound
+    (its highest round) and the other kinds' verdicts reach the compare table."""
+    rows = []
+    for label, metrics in (
+        ("DP-SGD", {"dp-epsilon": [3.0, 5.0], "audit-epsilon-empirical": [0.4, 0.2]}),
+        ("central DP", {"central-dp-epsilon": [2.0, 2.5]}),
+    ):
+        run_dir = tmp_path / label / "seed-0"
+        run_dir.mkdir(parents=True)
+        pd.DataFrame({"round": [1, 2], "test-acc": [0.5, 0.6], **metrics}).to_csv(
+            run_dir / METRICS_FILE, index=False
+        )
+        if label == "DP-SGD":  # an audited run's other kinds, per victim
+            pd.DataFrame(
+                {"round": [2, 2], "label-tv": [0.1, 0.3], "membership-auc": [0.6, math.nan]}
+            ).to_csv(run_dir / VERDICT_FILE, index=False)
+        config = Configuration(label, "fedavg", label, 0, Scenario())
+        rows += run_results(config, run_dir, "auto")
+
+    table = summarise(pd.DataFrame(rows)).set_index("configuration")
+
+    assert table["epsilon-mean"].to_dict() == {"DP-SGD": 5.0, "central DP": 2.5}
+    assert table.loc["DP-SGD", "epsilon-empirical-mean"] == 0.4
+    assert math.isnan(table.loc["central DP", "epsilon-empirical-mean"])
+    assert table.loc["DP-SGD", "label-tv-mean"] == pytest.approx(0.2)
+    assert table.loc["DP-SGD", "membership-auc-mean"] == pytest.approx(0.6)
+    assert math.isnan(table.loc["central DP", "label-tv-mean"])  # not audited
+    markdown = table_markdown(table.reset_index())
+    assert "epsilon (canaries)" in markdown and "0.40" in markdown
+    assert "labels TV" in markdown and "membership AUC" in markdown
+    assert "representatives SSIM" not in markdown  # no run analysed them

@@ -73,6 +73,7 @@ ACCURACY = (protocol.TEST_ACC, protocol.CLIENT_EVAL_ACC)
 EPSILON = {
     protocol.DP_EPSILON: "record level, DP-SGD's accountant (Opacus)",
     protocol.CENTRAL_DP_EPSILON: "user level, central DP's accountant (Flower)",
+    protocol.AUDIT_EPSILON_EMPIRICAL: "record level, lower bound from the audit's canaries, 95 %",
 }
 LOSS = (protocol.TRAIN_LOSS, protocol.TEST_LOSS, protocol.CLIENT_EVAL_LOSS)
 AUDIT_SCORES = (("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("label_acc", "label accuracy"))

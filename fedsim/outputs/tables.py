@@ -308,11 +308,23 @@ def formatted_rows(
     return [{k: number_cell(v, digits.get(k, 3)) for k, v in row.items()} for row in rows]
 
 
+LEAK_COLUMNS = {
+    "label-tv": "labels TV",
+    "membership-auc": "membership AUC",
+    "representatives-ssim": "representatives SSIM",
+}
+"""The other kinds' verdict columns of a sweep's table (lower TV, AUC nearer 0.5 and lower
+SSIM mean less leakage)."""
+
+
 def comparison_table(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> Table:
     """A sweep's summary (``fedsim compare``): per configuration and attack, mean ± std over
-    seeds (accuracy in %, PSNR in dB). The attack, spread and epsilon columns appear only
-    where the sweep has them."""
+    seeds (accuracy in %, PSNR in dB). The attack, spread, other kinds' verdict and epsilon
+    columns (the accountant's, and the canaries' lower bound) appear only where the sweep
+    has them."""
     with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
+    empirical = "epsilon-empirical-mean"
+    with_empirical = empirical in table and bool(np.isfinite(table[empirical]).any())
     with_attack = table["attack"].nunique() > 1
     with_spread = "success-rate" in table
     columns = [
@@ -329,7 +341,13 @@ def comparison_table(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_
             Column("success-rate", f"success (≥ {success_psnr:g} dB)"),
         ]
     columns += [Column("ssim", "SSIM"), Column("label-acc", "label acc. (%)")]
+    columns += [
+        Column(score, title)
+        for score, title in LEAK_COLUMNS.items()
+        if f"{score}-mean" in table and bool(np.isfinite(table[f"{score}-mean"]).any())
+    ]
     columns += [Column("epsilon", "epsilon")] if with_eps else []
+    columns += [Column("epsilon-empirical", "epsilon (canaries)")] if with_empirical else []
     columns += [Column("seeds", "seeds")]
     rows = tuple(_comparison_row(r) for r in table.to_dict("records"))
     return Table(tuple(columns), rows)
@@ -350,7 +368,9 @@ def _comparison_row(r: Mapping[Any, Any]) -> dict[str, str]:
         "success-rate": number_text(r.get("success-rate", math.nan), 0, 100, "%"),
         "ssim": spread("ssim", digits=3),
         "label-acc": spread("label-acc", 100, 0),
+        **{k: spread(k, digits=3) if f"{k}-mean" in r else "-" for k in LEAK_COLUMNS},
         "epsilon": spread("epsilon") if "epsilon-mean" in r else "-",
+        "epsilon-empirical": spread("epsilon-empirical") if "epsilon-empirical-mean" in r else "-",
         "seeds": str(r["seeds"]),
     }
 

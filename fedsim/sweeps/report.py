@@ -143,7 +143,10 @@ def report_markdown(
         "max and success (the share of attacks reaching the threshold) pool every attack of "
         "every seed. Lower PSNR and SSIM mean less leakage. epsilon is the accountant's after "
         "the final round (delta as set): record level for DP-SGD rows, user level for central "
-        "DP rows.",
+        "DP rows; epsilon (canaries) the one-run audit's lower bound, its highest round. "
+        "Labels TV, membership AUC and representatives SSIM: the other kinds' verdicts, "
+        "the mean over a run's audited victims (lower TV, AUC nearer 0.5 and lower SSIM "
+        "mean less leakage).",
         "",
         f"![privacy-utility plot]({PLOT_FILE})",
         "",

@@ -24,7 +24,13 @@ import pandas as pd
 
 from fedsim.core import protocol
 from fedsim.core.protocol import AuditRecord
-from fedsim.outputs.run_folder import AUDIT_FILE, CLIENTS_FILE, METRICS_FILE, read_wall_seconds
+from fedsim.outputs.run_folder import (
+    AUDIT_FILE,
+    CLIENTS_FILE,
+    METRICS_FILE,
+    VERDICT_FILE,
+    read_wall_seconds,
+)
 from fedsim.outputs.tables import (
     DEFAULT_SUCCESS_PSNR,
     comparison_table,
@@ -33,7 +39,9 @@ from fedsim.outputs.tables import (
 from fedsim.outputs.verdict import victim_verdicts
 from fedsim.sweeps.spec import Configuration
 
-SCORES = ("accuracy", "psnr", "ssim", "label-acc", "epsilon")
+LEAK_SCORES = ("label-tv", "membership-auc", "representatives-ssim")
+"""The other kinds' verdicts (``verdict.csv``), each a run's mean over its audited victims."""
+SCORES = ("accuracy", "psnr", "ssim", "label-acc", *LEAK_SCORES, "epsilon", "epsilon-empirical")
 
 
 def accountant_epsilon(last: pd.Series) -> float:
@@ -44,6 +52,22 @@ def accountant_epsilon(last: pd.Series) -> float:
         if math.isfinite(value):
             return value
     return math.nan
+
+
+def highest_empirical_epsilon(metrics: pd.DataFrame) -> float:
+    """The one-run audit's lower bound from the canaries: its highest round (NaN without)."""
+    column = metrics.get(protocol.AUDIT_EPSILON_EMPIRICAL)
+    return math.nan if column is None or column.isna().all() else float(column.max())
+
+
+def leak_verdicts(verdict_file: Path) -> dict[str, float]:
+    """A run's labels, membership and representatives verdicts: the mean over its audited
+    victims of each (NaN where the kind was not analysed or the run not audited)."""
+    verdicts = pd.read_csv(verdict_file) if verdict_file.is_file() else pd.DataFrame()
+    return {
+        score: _finite_mean(verdicts[score]) if score in verdicts else math.nan
+        for score in LEAK_SCORES
+    }
 
 
 def _finite_mean(values: pd.Series) -> float:
@@ -97,6 +121,8 @@ def run_results(
         "accuracy": score,
         "accuracy-from": source,
         "epsilon": accountant_epsilon(last),
+        "epsilon-empirical": highest_empirical_epsilon(metrics),
+        **leak_verdicts(run_dir / VERDICT_FILE),
         "rounds": len(metrics),
         "seconds": read_wall_seconds(run_dir),
         "run": str(run_dir.relative_to(run_dir.parents[2])),  # relative to the sweep
@@ -189,8 +215,8 @@ def summarise(
             "accuracy-from": "/".join(sorted(set(group["accuracy-from"]))),
             "seeds": len(group),
         }
-        for score in SCORES:
-            values = group[score].astype(float)
+        for score in SCORES:  # a sweep recorded before a score existed lacks its column
+            values = group.get(score, pd.Series(math.nan, index=group.index)).astype(float)
             row[f"{score}-mean"] = _finite_mean(values)
             finite = values[np.isfinite(values)]
             row[f"{score}-std"] = float(finite.std(ddof=1)) if len(finite) > 1 else math.nan
