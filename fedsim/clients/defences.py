@@ -1,11 +1,11 @@
 """Client-side defences: what a client does to what it uploads, before the server sees it.
 
 The threat is fedsim's honest-but-curious server, which reads every client's
-reply. Flower's central-DP wrappers (``DifferentialPrivacyServerSideFixedClipping``
-and ``...ClientSideFixedClipping`` in ``flwr.serverapp.strategy``) clip updates
-and add noise to the *aggregate* on the server: each client's reply reaches the
-server clean, so they protect the released model from third parties but not the
-clients from a curious server (fedsim's audit attacks exactly those replies).
+reply. Flower's central-DP wrappers (a scenario's ``[central-dp]``,
+:mod:`fedsim.strategies.central_dp`) add noise to the *aggregate* on the server:
+each client's reply (or, behind secure aggregation, their sum) reaches the server
+before the noise, so they protect the released model from third parties but not
+the clients from a curious server (fedsim's audit attacks exactly those replies).
 Defences that do protect against it act on the client, so the server only ever
 holds the defended upload; a scenario lists them as ``[[defences]]`` tables:
 
