@@ -23,9 +23,9 @@ from fedsim.core.empirical_privacy import CosineEstimate
 from fedsim.core.training import client_config_record
 from fedsim.scenario.components import Components, client_spec
 from fedsim.simulation.flower import message_context
+from fedsim.simulation.runner import plain_strategy
 from fedsim.strategies.base import ServerResources
 from fedsim.strategies.central_dp import with_central_dp
-from fedsim.strategies.sampling import TAKE_EVERY_NODE
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,10 @@ def run_with_canary_clients(components: Components, canaries: int) -> CanaryRun:
     server = ServerResources(
         scenario.model, fed.seed, load_dataset(scenario.data), torch.device("cpu")
     )
-    cls = components.strategy.cls
-    inner = cls.from_params(
-        components.strategy.params, **TAKE_EVERY_NODE, **cls.server_arguments(server)
-    )
     population = fed.num_clients + canaries
+    inner = plain_strategy(components, server)
     strategy = with_central_dp(inner, central, population, population, fed.seed)
-    app = build_client_app(client_spec(scenario), cls.client_routine)
+    app = build_client_app(client_spec(scenario), components.strategy.cls.client_routine)
     contexts = {
         node: Context(1, node, {protocol.PARTITION_ID: node}, RecordDict(), {})
         for node in range(fed.num_clients)

@@ -96,14 +96,20 @@ def stop_ray(timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         )
 
 
-def build_strategy(components: Components, server: ServerResources) -> FedsimStrategy:
+def plain_strategy(components: Components, server: ServerResources) -> FedsimStrategy:
     """The scenario's strategy, built from its parameters as a Flower user would: it
     asks every node the grid offers (fedsim samples through the grid), and gets what
-    the server gives its constructor (the seeded network; FedCG's seed); wrapped in
-    Flower's central DP when the scenario has ``[central-dp]``."""
+    the server gives its constructor (the seeded network; FedCG's seed)."""
     cls = components.strategy.cls
     options = {**TAKE_EVERY_NODE, **cls.server_arguments(server)}
     strategy: FedsimStrategy = cls.from_params(components.strategy.params, **options)
+    return strategy
+
+
+def build_strategy(components: Components, server: ServerResources) -> FedsimStrategy:
+    """:func:`plain_strategy`, wrapped in Flower's central DP when the scenario has
+    ``[central-dp]``."""
+    strategy = plain_strategy(components, server)
     central_dp, fed = components.scenario.central_dp, components.scenario.federation
     if central_dp.enabled:
         return with_central_dp(
