@@ -17,6 +17,11 @@ holds the defended upload; a scenario lists them as ``[[defences]]`` tables:
   zeroed, per tensor or globally (DLG's own defence, Zhu et al. 2019);
 - ``quantize`` (``bits``, or ``half = true``): symmetric uniform quantisation of each
   tensor, or a cast to half precision;
+- ``soteria`` (``share``): representation perturbation (Sun et al., CVPR 2021), for the
+  audit's ``probe`` threat model only: in the probed gradient, the weight gradient of
+  the first linear layer after the extractor loses the columns of the ``share`` of
+  its input features whose input sensitivity ``||dr_f/dX|| / (r_f + 0.1)`` is
+  smallest; the client's training uploads are left as trained;
 - ``dp-sgd`` (``noise-multiplier``, ``max-grad-norm``, ``delta``, ``accountant``):
   local training with Opacus, per-example gradient clipping and Gaussian noise
   at every step; the client reports the epsilon spent so far (record-level
@@ -37,6 +42,10 @@ batch, the upload of a client sharing gradients (the papers' setting; FedCG
 Table 2 adds its noise "to shared gradients"): the same chain acts on that
 gradient, in gradient units, and ``dp-sgd`` clips it and adds the noise of one
 DP-SGD step (exact for a probe batch of one; a larger batch is clipped as a whole).
+``soteria`` acts only there: it reads the probed batch and the model at the sent
+weights (a :class:`ProbeContext`, which every other defence ignores), and
+validation refuses it under the other threat models, where an update is many
+steps of training it would have to perturb at each.
 
 ``dp-sgd`` covers :func:`fedsim.core.training.train_local`, hence FedAvg,
 FedSplit, local and FedCG's first stage, and FedCG's GAN stage: there only the
@@ -69,7 +78,7 @@ from fedsim.clients.base import ClientEnv, ClientRoutine, ClientSpec
 from fedsim.core import protocol
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import ClientConfig, ComponentConfig, ScenarioError, require
-from fedsim.core.models import InputSpec, build_model
+from fedsim.core.models import MODELS, InputSpec, build_model
 from fedsim.core.registry import Registry
 from fedsim.core.seeds import SeedStream, derive_seed, stream_rng
 from fedsim.core.training import TRAINING_HOOK
@@ -97,6 +106,15 @@ def clip_to_norm(tensors: Tensors, max_norm: float) -> Tensors:
     return {k: t * factor for k, t in tensors.items()}
 
 
+@dataclass(frozen=True)
+class ProbeContext:
+    """What a probed client holds besides its gradient: the model at the weights the server
+    sent and the probed batch's inputs (model-input space). Only ``soteria`` reads it."""
+
+    model: nn.Module
+    inputs: torch.Tensor
+
+
 def _noise(draw: Any, like: torch.Tensor, width: float) -> torch.Tensor:
     return torch.from_numpy(draw(0.0, width, size=tuple(like.shape))).to(like.dtype)
 
@@ -106,10 +124,12 @@ class Defence:
 
     :meth:`protect` post-processes the update a client uploads;
     :meth:`protect_gradient` the gradient a probed client shares;
-    :meth:`training` may change local training (DP-SGD).
+    :meth:`training` may change local training (DP-SGD). A defence with ``probe_only``
+    acts only on a probed gradient, so validation refuses it under other threat models.
     """
 
     Params: ClassVar[type]
+    probe_only: ClassVar[bool] = False
 
     def __init__(self, params: Any) -> None:
         self.params = params
@@ -122,9 +142,14 @@ class Defence:
         return update
 
     def protect_gradient(
-        self, gradient: Tensors, batch_size: int, rng: np.random.Generator
+        self,
+        gradient: Tensors,
+        batch_size: int,
+        rng: np.random.Generator,
+        context: ProbeContext | None = None,
     ) -> Tensors:
-        """A shared batch gradient as uploaded; by default what :meth:`protect` does."""
+        """A shared batch gradient as uploaded; by default what :meth:`protect` does.
+        ``context`` (the probed batch and model) is for defences that need it."""
         return self.protect(gradient, rng)
 
     def training(self, env: ClientEnv, server_round: int) -> DPTraining | None:
@@ -280,6 +305,108 @@ class Quantize(Defence):
 
 
 @dataclass(frozen=True)
+class SoteriaParams:
+    """``share``: the fraction of the defended layer's input features whose weight-gradient
+    columns are zeroed (the authors' ``pruning_rate`` / 100; 0.6 is their README's
+    Inverting Gradients example, ``--pruning_rate=60``)."""
+
+    share: float = 0.6
+
+    def __post_init__(self) -> None:
+        require(0 <= self.share < 1, "share", self.share, "must be in [0, 1)")
+
+
+def defended_linear(model: nn.Module) -> tuple[str, nn.Linear]:
+    """The layer Soteria defends: the first ``nn.Linear`` of ``model.classifier`` (the layer
+    right after the feature extractor), with its qualified name."""
+    classifier = getattr(model, "classifier", model)
+    prefix = "classifier." if classifier is not model else ""
+    for name, module in classifier.named_modules():
+        if isinstance(module, nn.Linear):
+            return prefix + name, module
+    raise ValueError("soteria needs a model whose classifier has an nn.Linear layer")
+
+
+def soteria_ratios(model: nn.Module, inputs: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """Per feature f of the defended layer's input r: ``sum_b ||dr_f/dX_b|| / (r_bf + 0.1)``
+    over the batch (Soteria's score, Sun et al. 2021; the authors' code loops over f).
+
+    One forward pass; the input gradients of ``chunk`` features at a time come from one
+    batched backward (one-hot cotangents). The model runs in eval mode, as the probe does.
+    """
+    _, layer = defended_linear(model)
+    captured: list[torch.Tensor] = []
+    hook = layer.register_forward_pre_hook(lambda _, args: captured.append(args[0]))
+    was_training = model.training
+    model.eval()
+    try:
+        x = inputs.detach().clone().requires_grad_(True)
+        model(x)
+    finally:
+        hook.remove()
+        model.train(was_training)
+    r = captured[0].flatten(1)  # [B, F]
+    batch, features = r.shape
+    norms = torch.empty(features, batch, dtype=r.dtype)
+    eye = torch.eye(features, dtype=r.dtype, device=r.device)
+    for start in range(0, features, chunk):
+        stop = min(start + chunk, features)
+        cotangents = eye[start:stop, None, :].expand(stop - start, batch, features)
+        (grads,) = torch.autograd.grad(
+            r, x, grad_outputs=cotangents, retain_graph=True, is_grads_batched=True
+        )
+        norms[start:stop] = grads.flatten(2).norm(dim=2).detach().cpu()
+    return (norms / (r.detach().cpu().T + 0.1)).sum(dim=1)
+
+
+@DEFENCES.register("soteria")
+class Soteria(Defence):
+    """Soteria (Sun et al., CVPR 2021), representation perturbation of one shared gradient:
+    the ``share`` of the defended layer's input features with the smallest
+    :func:`soteria_ratios` lose their columns of that layer's weight gradient (set to 0);
+    every other tensor is shared as computed. It reads the probed batch and the model
+    (:class:`ProbeContext`), so it acts only under the audit's ``probe`` threat model;
+    training uploads pass unchanged."""
+
+    Params = SoteriaParams
+    probe_only = True
+
+    def check(self, client: ClientSpec, strategy: str, key: str) -> None:
+        spec = InputSpec(3, client.data.image_size, 10)  # layer types do not depend on it
+        with torch.device("meta"):
+            model = MODELS.get(client.model.name)(spec)
+        try:
+            defended_linear(model)
+        except ValueError as err:
+            raise ScenarioError(key, "soteria", str(err)) from None
+
+    def mask(self, context: ProbeContext) -> torch.Tensor:
+        """True for the features kept, False for the ``int(share * F)`` smallest ratios (ties
+        by position)."""
+        ratios = soteria_ratios(context.model, context.inputs)
+        keep = torch.ones(len(ratios), dtype=torch.bool)
+        keep[torch.argsort(ratios, stable=True)[: int(self.params.share * len(ratios))]] = False
+        return keep
+
+    def protect_gradient(
+        self,
+        gradient: Tensors,
+        batch_size: int,
+        rng: np.random.Generator,
+        context: ProbeContext | None = None,
+    ) -> Tensors:
+        if context is None:
+            raise ValueError("soteria needs the probed batch and model (a ProbeContext)")
+        name, _ = defended_linear(context.model)
+        key = name + ".weight"
+        if self.params.share == 0 or key not in gradient:
+            return gradient
+        weight = gradient[key]
+        dropped = ~self.mask(context).to(weight.device)
+        return {**gradient, key: weight.masked_fill(dropped, 0)}
+
+
+@dataclass(frozen=True)
 class DPSGDParams:
     """Opacus DP-SGD: per-example clipping norm, noise std / norm, accounting delta."""
 
@@ -319,7 +446,11 @@ class DPSGD(Defence):
             )
 
     def protect_gradient(
-        self, gradient: Tensors, batch_size: int, rng: np.random.Generator
+        self,
+        gradient: Tensors,
+        batch_size: int,
+        rng: np.random.Generator,
+        context: ProbeContext | None = None,
     ) -> Tensors:
         p = self.params
         clipped = clip_to_norm(gradient, p.max_grad_norm)
@@ -476,9 +607,17 @@ def defence_chain(client: ClientSpec) -> list[Defence]:
     return [resolved.create() for resolved in client.defences]
 
 
-def check_defences(client: ClientSpec, strategy: str) -> None:
-    """The client's defences fit it and ``strategy`` (combinations, the model)."""
+def check_defences(client: ClientSpec, strategy: str, threat_model: str | None = None) -> None:
+    """The client's defences fit it, ``strategy`` and the audit's ``threat_model`` (``None``:
+    no audit) (combinations, the model)."""
     for resolved, defence in zip(client.defences, defence_chain(client), strict=True):
+        require(
+            not defence.probe_only or threat_model == "probe",
+            resolved.key,
+            resolved.name,
+            f"{resolved.name} perturbs one shared gradient, as its paper evaluates it: it needs "
+            f'[audit] with threat-model = "probe" (got {threat_model or "no audit"})',
+        )
         defence.check(client, strategy, resolved.key)
     names = [d.name for d in client.defences]
     require(names.count("dp-sgd") <= 1, "defences", names, "list dp-sgd at most once")
@@ -533,10 +672,16 @@ def train_defended(
 
 
 def protect_probe(
-    client: ClientSpec, gradient: Tensors, batch_size: int, server_round: int, partition: int
+    client: ClientSpec,
+    gradient: Tensors,
+    batch_size: int,
+    server_round: int,
+    partition: int,
+    context: ProbeContext | None = None,
 ) -> Tensors:
-    """The probe gradient as a client with its defences would share it."""
+    """The probe gradient as a client with its defences would share it (``context``: the
+    probed batch and the model at the sent weights, for defences that read them)."""
     rng = stream_rng(SeedStream.DEFENCE_PROBE, client.seed, server_round, partition)
     for defence in defence_chain(client):
-        gradient = defence.protect_gradient(gradient, batch_size, rng)
+        gradient = defence.protect_gradient(gradient, batch_size, rng, context)
     return gradient

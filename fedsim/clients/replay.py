@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientSpec
-from fedsim.clients.defences import protect_probe
+from fedsim.clients.defences import ProbeContext, protect_probe
 from fedsim.core.config import ClientConfig
 from fedsim.core.training import batch_indices, examples_touched
 from fedsim.core.truth import GroundTruth, probe_gradient
@@ -72,7 +72,8 @@ class ClientReplay:
         model = self.routine.build(env, sent).cpu()
         gradient = probe_gradient(model, images[local], labels[local], sent.keys())
         # What the client shares is its gradient after its own defences.
-        gradient = protect_probe(self.spec, gradient, len(local), server_round, partition)
+        context = ProbeContext(model, images[local])
+        gradient = protect_probe(self.spec, gradient, len(local), server_round, partition, context)
         return gradient, self._truth(env, local)
 
     def layer_inputs(

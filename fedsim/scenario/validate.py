@@ -274,7 +274,8 @@ def check_components(scenario: Scenario) -> Components:
     check_aggregate_audit(scenario, strategy.name, strategy.cls)
     check_central_dp(scenario, strategy.name, strategy.cls)
     client = client_spec(scenario, partitioner, generator)
-    check_defences(client, scenario.strategy.name)
+    audit_threat = scenario.audit.threat_model if scenario.audit.enabled else None
+    check_defences(client, scenario.strategy.name, audit_threat)
     audit = AuditPlan()
     if scenario.audit.enabled:
         setting = AttackSetting.of(scenario, strategy.cls.shared_prefixes)
