@@ -13,10 +13,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def fedsim(*args: str) -> subprocess.Popen[str]:
-    """``fedsim ARGS`` in a new session on this machine; its output piped."""
+def fedsim(*args: str, sigint_ignored: bool = False) -> subprocess.Popen[str]:
+    """``fedsim ARGS`` in a new session on this machine; its output piped. With
+    ``sigint_ignored``, it starts with SIGINT ignored, as a shell's background job does."""
+    command = [sys.executable, "-m", "fedsim.cli", *args]
+    if sigint_ignored:
+        command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
     return subprocess.Popen(
-        [sys.executable, "-m", "fedsim.cli", *args],
+        command,
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -232,9 +232,10 @@ def test_a_parallel_sweep_killed_or_interrupted_leaves_nothing_and_continues(
         why = "\n".join(ray_driver_log(child) for child in children)  # if a child vanished
         assert "fedsim: interrupted (SIGTERM); rounds up to" in log, f"{log}\n{why}"
 
-    # The next sweep continues both; Ctrl-C to it stops them once each, in one line.
+    # The next sweep continues both; Ctrl-C to it stops them once each, in one line, even
+    # when it started with SIGINT ignored, as a background job (where CI failed before).
     done = {d: _rounds_done(d) for d in run_dirs}
-    sweep = fedsim("compare", str(spec), "--out", str(out))
+    sweep = fedsim("compare", str(spec), "--out", str(out), sigint_ignored=True)
     children = _wait_for_rounds(run_dirs, done, sweep)
     os.killpg(sweep.pid, signal.SIGINT)
     said, err = sweep.communicate(timeout=120)
