@@ -322,6 +322,7 @@ class CocktailParty(FirstLayerAttack):
             "unmixing": unmixing[kept].cpu(),
             "objective": final.tolist(),
             "cancelled": int(cancelled.sum()),
+            "stop_reason": "converged" if stalled else "still-improving",
             "gradient_residual": residual,
         }
         return Reconstruction(
