@@ -14,6 +14,7 @@ from __future__ import annotations
 from fedsim.attacks.aligned import AlignedDLG
 from fedsim.attacks.analytic import AnalyticFC
 from fedsim.attacks.base import Attack, Observation, Reconstruction
+from fedsim.attacks.cocktail import CocktailParty
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.fedavg_leakage import FedAvgLeakage
 from fedsim.attacks.generator_leak import GeneratorRepresentatives
@@ -41,6 +42,7 @@ __all__ = [
     "Attack",
     "BoxVertices",
     "ClassRepresentatives",
+    "CocktailParty",
     "FedAvgLeakage",
     "GeneratorRepresentatives",
     "GradientAlignment",

@@ -86,6 +86,8 @@ class SeedStream(enum.Enum):
         Party.ATTACKER,
         ("attack-seed",),
     )  # box-vertices' objectives
+    # The Cocktail Party Attack's starting un-mixing matrices (past the identity).
+    ATTACK_UNMIXING = ("attack-unmixing", Party.ATTACKER, ("attack-seed",))
     LABEL_DUMMIES = ("label-dummies", Party.ATTACKER, ())
     EXPERIMENT_IMAGES = ("experiment-images", Party.ATTACKER, ("seed",))
     EXPERIMENT_VICTIM = ("experiment-victim", Party.ATTACKER, ("seed", "batch"))
