@@ -352,6 +352,9 @@ LEAK_KINDS = (
     ("membership-auc", "membership AUC", 1),
     ("representatives-ssim", "representatives SSIM", 1),
 )
+# Beside them: a uniform guess's label TV, and the representatives' feature cosine where no
+# image was inverted (FedSplit: no generator, no extractor uploaded).
+REFERENCES = ("label-tv-uniform", "representatives-cosine")
 # The paper's Table 2 leakage claims, read off its PSNRs: (leaks less, leaks more).
 CLAIMS = (
     ("FedCG", "FedAvg"),
@@ -369,7 +372,7 @@ class RunLeaks:
 
     scores: dict[str, float]
     probe_attack: str
-    label_tv_uniform: float
+    references: dict[str, float]  # REFERENCES: a uniform guess's label TV, features' cosine
 
     @classmethod
     def read(cls, run_dir: Path) -> RunLeaks:
@@ -381,7 +384,7 @@ class RunLeaks:
         if probe.notna().any():
             scores["counterfactual-psnr"] = float(probe.max())
             attack = str(verdicts["counterfactual-attack"].iloc[int(probe.argmax())])
-        return cls(scores, attack, _finite(verdicts, "label-tv-uniform"))
+        return cls(scores, attack, {key: _finite(verdicts, key) for key in REFERENCES})
 
 
 def _finite(frame: pd.DataFrame, column: str) -> float:
@@ -410,7 +413,8 @@ def leak_scores(configs: list[Configuration], runs: Path) -> dict[str, dict[str,
         row: dict[str, Any] = {
             key: _mean_std([r.scores[key] for r in leaks]) for key, _, _ in LEAK_KINDS
         }
-        row["label-tv-uniform"] = _mean_std([r.label_tv_uniform for r in leaks])
+        for key in REFERENCES:
+            row[key] = _mean_std([r.references[key] for r in leaks])
         attacks = pd.Series([r.probe_attack for r in leaks if r.probe_attack])
         counts = attacks.value_counts()
         row["probe-attack"] = ", ".join(f"{name} x{n}" for name, n in counts.items())
@@ -440,6 +444,13 @@ def _kind_cell(scores: dict[str, Any], key: str) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if math.isfinite(std) else "")
 
 
+def _representatives_cell(scores: dict[str, Any]) -> str:
+    cell = _kind_cell(scores, "representatives-ssim")
+    if cell == "n/a" and math.isfinite(scores.get("representatives-cosine", (math.nan,))[0]):
+        return "cosine " + _kind_cell(scores, "representatives-cosine")
+    return cell
+
+
 def report_full(
     table: pd.DataFrame,
     leaks: dict[str, dict[str, Any]],
@@ -458,7 +469,8 @@ def report_full(
         f"{ACCURACY_MEANING[protocol]}. Audit of round {budget.rounds}: every attack that "
         "applies on one image's gradient (the probe, best PSNR over attacks, peak 1), the "
         "other kinds on each client's real upload (label TV: lower leaks more, 'uniform' "
-        "is a uniform guess's; membership AUC: 0.5 is chance; representatives SSIM).",
+        "is a uniform guess's; membership AUC: 0.5 is chance; representatives SSIM, or their "
+        "feature cosine where no image was inverted).",
         "",
         "Table 2 (paper: CIFAR-10, DLG PSNR; ours: Fashion-MNIST, every method that applies)",
         "",
@@ -475,7 +487,7 @@ def report_full(
             f"| {label} | {acc:.2f} | {db:.2f} | {_cell(*accuracy.get(label, missing))} "
             f"| {_kind_cell(row, 'counterfactual-psnr')} | {row.get('probe-attack') or 'n/a'} "
             f"| {tv} | {_kind_cell(row, 'membership-auc')} "
-            f"| {_kind_cell(row, 'representatives-ssim')} |"
+            f"| {_representatives_cell(row)} |"
         )
     lines += [
         "",

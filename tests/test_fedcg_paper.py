@@ -284,6 +284,7 @@ def test_table2_full_audit_scores_each_kind_and_claim(
         }
     )
     assert leaks.probe_attack == "grnn-probe"
+    assert leaks.references["label-tv-uniform"] == pytest.approx(0.5)
 
     # X leaks less than Y: a lower PSNR, a higher label TV.
     assert bench.claim_verdict((10.0, 1.0), (20.0, 2.0), 1)[0] == "holds"
