@@ -556,6 +556,8 @@ def main() -> None:
             if unknown:
                 raise ScenarioError("--rows", unknown, f"allowed: {', '.join(labels)}")
             configs = [c for c in configs if c.label in args.rows]
+        if args.audit == "full":  # seed by seed: a sweep cut short has every row of a seed
+            configs.sort(key=lambda c: c.seed)
     except ScenarioError as err:
         raise SystemExit(f"error: {err}") from None
     outcome = run_sweep(spec, configs, args.out, Console(soft_wrap=True))
