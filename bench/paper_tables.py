@@ -444,6 +444,16 @@ def _kind_cell(scores: dict[str, Any], key: str) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if math.isfinite(std) else "")
 
 
+def _beats_uniform(scores: dict[str, Any]) -> bool:
+    """Whether the label analyses' TV is below a uniform guess's (labels leak beyond the
+    prior; with IID clients the uniform guess is already close)."""
+    tv, uniform = (
+        scores.get("label-tv", (math.nan,))[0],
+        scores.get("label-tv-uniform", (math.nan,))[0],
+    )
+    return bool(tv < uniform)
+
+
 def _representatives_cell(scores: dict[str, Any]) -> str:
     cell = _kind_cell(scores, "representatives-ssim")
     if cell == "n/a" and math.isfinite(scores.get("representatives-cosine", (math.nan,))[0]):
@@ -505,6 +515,10 @@ def report_full(
                 leaks.get(more, {}).get(key, missing),
                 direction,
             )
+            if key == "label-tv" and not any(
+                _beats_uniform(leaks.get(r, {})) for r in (less, more)
+            ):
+                verdict = "neither beats a uniform guess"
             cells.append(f"{verdict} ({means})")
         paper = f"{PAPER_TABLE2[less][1]:.2f} < {PAPER_TABLE2[more][1]:.2f}"
         lines.append(f"| {less} < {more} | {paper} | " + " | ".join(cells) + " |")

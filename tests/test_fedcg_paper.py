@@ -292,3 +292,6 @@ def test_table2_full_audit_scores_each_kind_and_claim(
     assert bench.claim_verdict((21.0, 1.0), (20.0, 2.0), 1)[0] == "fails"
     assert bench.claim_verdict((0.5, 0.01), (0.1, 0.01), -1)[0] == "holds"
     assert bench.claim_verdict((math.nan, math.nan), (0.1, 0.01), -1)[0] == "not measured"
+    # Labels leak only where the analyses beat a uniform guess (IID clients: they do not).
+    assert not bench._beats_uniform({"label-tv": (0.2, 0.0), "label-tv-uniform": (0.03, 0.0)})
+    assert bench._beats_uniform({"label-tv": (0.01, 0.0), "label-tv-uniform": (0.03, 0.0)})
