@@ -24,6 +24,12 @@ budget whose sweep fits ``--minutes``::
 
     .venv/bin/python bench/fedcg_round_cost.py --minutes 90 --cores 2 --seeds 3
 
+``--audit full`` prices ``paper_tables.py --audit full`` instead: Table 2's rows only
+(FedAvg, the two DP rows, FedSplit, FedCG), every one audited, the audited run's
+fixed cost measured with that full audit (every attack on the probe, every leak kind)::
+
+    .venv/bin/python bench/fedcg_round_cost.py --audit full --minutes 90 --cores 2 --seeds 3
+
 Needs Debian's ``dataset-fashion-mnist`` (``make fmnist``).
 """
 
@@ -44,7 +50,9 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper_tables import (
+    AUDITS,
     CODE_DISTILL_PER_EPOCH,
+    FULL_AUDIT,
     PAPER_CLIENT,
     PAPER_DATA,
     SCENARIOS,
@@ -66,6 +74,7 @@ CLIENTS, TRAIN_IMAGES, BATCH, VAL_TEST_IMAGES, TEST_IMAGES = 4, 2000, 8, 2500, 1
 STEPS_PER_EPOCH = TRAIN_IMAGES // BATCH
 ROWS = ("Local", "FedAvg", "FedProx", "FedSplit", "FedCG", "DP 0.001", "DP 0.1")
 AUDITED = ("FedAvg", "FedSplit", "FedCG")
+TABLE2_ROWS = ("FedAvg", "FedSplit", "FedCG", "DP 0.001", "DP 0.1")  # --audit full: all audited
 GLOBAL_MODEL = ("FedAvg", "FedProx", "DP 0.001", "DP 0.1")
 HELD_OUT_IMAGES = 10_000
 
@@ -119,10 +128,13 @@ def step_costs(steps: int) -> dict[str, float]:
     return costs
 
 
-def run_overhead(audited: bool) -> float:
-    """Wall seconds of a real 1-round, 1-step fedsim run (Ray, data, model, audit)."""
+def run_overhead(audited: bool, audit_kind: str = "dlg") -> float:
+    """Wall seconds of a real 1-round, 1-step fedsim run (Ray, data, model, audit: DLG on
+    the probe, or with ``audit_kind = "full"`` ``paper_tables.py --audit full``'s)."""
     table = paper_scenario(1, {"local-steps": 1})
-    if audited:
+    if audited and audit_kind == "full":
+        table["audit"] = FULL_AUDIT | {"rounds": [1], "probe-rounds": [1]}
+    elif audited:
         audit = dict(read_toml(SCENARIOS / "compare-table2.toml", "spec")["base"]["audit"])
         table["audit"] = audit | {"rounds": [1]}
     with tempfile.TemporaryDirectory() as folder:
@@ -147,11 +159,17 @@ def round_seconds(row: str, epochs: int, costs: dict[str, float], cores: int) ->
 
 
 def sweep_seconds(
-    budget: Budget, costs: dict[str, float], overheads: dict[bool, float], cores: int, seeds: int
+    budget: Budget,
+    costs: dict[str, float],
+    overheads: dict[bool, float],
+    cores: int,
+    seeds: int,
+    audit_kind: str = "dlg",
 ) -> float:
+    rows, audited = (TABLE2_ROWS, TABLE2_ROWS) if audit_kind == "full" else (ROWS, AUDITED)
     per_seed = sum(
-        budget.rounds * round_seconds(row, budget.epochs, costs, cores) + overheads[row in AUDITED]
-        for row in ROWS
+        budget.rounds * round_seconds(row, budget.epochs, costs, cores) + overheads[row in audited]
+        for row in rows
     )
     return seeds * per_seed
 
@@ -162,12 +180,13 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100, help="steps timed per kind")
+    parser.add_argument("--audit", choices=AUDITS, default="dlg", help="price paper_tables' mode")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}")
     costs = step_costs(args.steps)
     for name, seconds in costs.items():
         print(f"{name:>18}: {1000 * seconds:8.2f} ms")
-    overheads = {False: run_overhead(False), True: run_overhead(True)}
+    overheads = {False: run_overhead(False), True: run_overhead(True, args.audit)}
     print(f"run overhead: {overheads[False]:.1f} s, audited {overheads[True]:.1f} s")
     print(f"load average after timing: {os.getloadavg()}")
     print("\none round (1 local epoch), seconds on", args.cores, "cores:")
@@ -183,7 +202,7 @@ def main() -> None:
         if (budget.rounds, budget.epochs) in seen:
             continue
         seen.add((budget.rounds, budget.epochs))
-        seconds = sweep_seconds(budget, costs, overheads, args.cores, args.seeds)
+        seconds = sweep_seconds(budget, costs, overheads, args.cores, args.seeds, args.audit)
         print(f"| {fraction:g} | {budget.rounds} x {budget.epochs} | {seconds / 60:.1f} |")
         if seconds <= limit:
             best = fraction

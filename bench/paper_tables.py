@@ -51,6 +51,21 @@ standard deviations::
 
     .venv/bin/python bench/paper_tables.py --budget 0.0025 --out runs/paper-tables
 
+``--audit full`` runs Table 2 alone (FedAvg, the two DP rows, FedSplit, FedCG;
+no Local or FedProx) under the strongest audit that applies, in the last
+round: the full attack portfolio (``attacks = "auto"``) on the one-image probe
+(the paper's setting, ``probe-rounds``, a counterfactual beside the real
+upload) and every other kind of leak (``leaks = "auto"``: labels, membership,
+class representatives, FedCG's generator) on what each strategy really
+uploads (``threat-model = "update"``); the attack portfolio on the uploads
+themselves is refused beyond its reach (2,000 images a client). Per row it
+prints the best probe PSNR and its attack, label TV, membership AUC and
+representatives SSIM from each run's ``verdict.csv``, and per paper claim
+whether it holds (beyond the larger standard deviation), holds within noise,
+or fails::
+
+    .venv/bin/python bench/paper_tables.py --audit full --budget 0.0025 --out runs/paper-table2-full
+
 Runs resume: a finished run is reused when its scenario is unchanged (as in
 ``fedsim compare``); ``--set KEY=VALUE`` overrides every run (for a smoke run,
 e.g. ``--set data.samples-per-client=300``). On a GPU machine,
@@ -71,8 +86,16 @@ import pandas as pd
 from rich.console import Console
 
 from fedsim.core.config import ScenarioError, apply_overrides, read_toml
-from fedsim.sweeps.runs import run_sweep
-from fedsim.sweeps.spec import CompareSpec, DefenceEntry, StrategyEntry, configurations, merge
+from fedsim.outputs.run_folder import VERDICT_FILE
+from fedsim.sweeps.runs import RUNS_DIR, run_sweep
+from fedsim.sweeps.spec import (
+    CompareSpec,
+    Configuration,
+    DefenceEntry,
+    StrategyEntry,
+    configurations,
+    merge,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -94,6 +117,19 @@ STRATEGIES |= {"FedSplit": "fedsplit", "FedCG": "fedcg"}
 # The paper's noise variances; the Gaussian defence takes a standard deviation.
 DP_ROWS = {"DP sigma^2=0.001": 0.001, "DP sigma^2=0.1": 0.1}
 AUDITED = ("FedAvg", "FedSplit", "FedCG")
+AUDITS = ("dlg", "full")
+"""``--audit``: Table 2 by DLG alone (both tables) or by every method that applies (Table 2)."""
+# The full audit of the last round: every attack on the one-image probe (the paper's
+# setting, as a counterfactual) and every other kind of leak on the real uploads.
+FULL_AUDIT: dict[str, Any] = {
+    "enabled": True,
+    "attacks": "auto",
+    "leaks": "auto",
+    "threat-model": "update",
+    "probe-batch-size": 1,
+    "victims": 1,
+    "mode": "sync",
+}
 
 # DESIGN.md section 6: FedCG Table 1 (FMNIST(4), accuracy %) and Table 2
 # (CIFAR-10, accuracy % / DLG PSNR dB), rows by our configuration labels.
@@ -160,33 +196,46 @@ def fedcg_table(budget: Budget, protocol: str) -> dict[str, Any]:
 
 
 def sweep_spec(
-    budget: Budget, seeds: tuple[int, ...], overrides: dict[str, Any], protocol: str = "paper"
+    budget: Budget,
+    seeds: tuple[int, ...],
+    overrides: dict[str, Any],
+    protocol: str = "paper",
+    audit: str = "dlg",
 ) -> tuple[CompareSpec, dict[str, Any]]:
-    """The sweep behind both tables, and its base scenario's raw tables."""
+    """The sweep behind both tables (``audit = "dlg"``) or Table 2 under the full audit
+    (``"full"``), and its base scenario's raw tables."""
     base = read_toml(SCENARIOS / "fmnist4-fedavg.toml", "scenario")
     base = merge(base, {"federation": {"rounds": budget.rounds}})
     base = merge(base, {"client": {"local-epochs": budget.epochs}})
     if protocol == "paper":
         base = merge(base, {"data": PAPER_DATA, "client": PAPER_CLIENT})
-    # Table 2's attack (as scenarios/compare-table2.toml): DLG on one image's
-    # gradient in the last round, the paper's setting.
-    audit = dict(read_toml(SCENARIOS / "compare-table2.toml", "spec")["base"]["audit"])
-    audit["rounds"] = [budget.rounds]
+    last = [budget.rounds]
+    if audit == "full":  # in the base, so that --set audit.KEY=VALUE reaches every row
+        base = merge(base, {"audit": FULL_AUDIT | {"rounds": last, "probe-rounds": last}})
+        dlg_audit: dict[str, Any] = {}
+        labels: tuple[str, ...] = AUDITED
+    else:
+        # Table 2's attack (as scenarios/compare-table2.toml): DLG on one image's
+        # gradient in the last round, the paper's setting.
+        dlg_audit = dict(read_toml(SCENARIOS / "compare-table2.toml", "spec")["base"]["audit"])
+        dlg_audit["rounds"] = last
+        labels = tuple(STRATEGIES)
     strategies = []
-    for label in STRATEGIES:
+    for label in labels:
         table = fedcg_table(budget, protocol) if label == "FedCG" else _strategy_table(label)
-        entry_overrides = {"audit": audit} if label in AUDITED else {}
+        entry_overrides = {"audit": dlg_audit} if dlg_audit and label in AUDITED else {}
         strategies.append(StrategyEntry(label, table, entry_overrides))
     defences = [DefenceEntry(label="none")]
     defences += [
         DefenceEntry(label, ({"name": "gaussian", "sigma": math.sqrt(v)},), ("FedAvg",))
         for label, v in DP_ROWS.items()
     ]
+    tables = "Table 2 under the full audit" if audit == "full" else "Tables 1 and 2"
     spec = CompareSpec(
         base=str(SCENARIOS / "fmnist4-fedavg.toml"),
-        name="fedcg-paper-tables",
+        name="fedcg-paper-table2-full" if audit == "full" else "fedcg-paper-tables",
         description=(
-            f"FedCG Tables 1 and 2 on FMNIST(4) at {100 * budget.share:.2f}% of the paper's "
+            f"FedCG {tables} on FMNIST(4) at {100 * budget.share:.2f}% of the paper's "
             f"budget: {budget.rounds} rounds x {budget.epochs} local epochs (paper 100 x 20), "
             f"protocol {protocol}."
         ),
@@ -295,6 +344,197 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+# The kinds of leak Table 2 is scored on under ``--audit full``: each run's ``verdict.csv``
+# column, its name here, and +1 where a higher value is more leakage (-1: lower is more).
+LEAK_KINDS = (
+    ("counterfactual-psnr", "probe PSNR (dB)", 1),
+    ("label-tv", "label TV", -1),
+    ("membership-auc", "membership AUC", 1),
+    ("representatives-ssim", "representatives SSIM", 1),
+)
+# Beside them: a uniform guess's label TV, and the representatives' feature cosine where no
+# image was inverted (FedSplit: no generator, no extractor uploaded).
+REFERENCES = ("label-tv-uniform", "representatives-cosine")
+# The paper's Table 2 leakage claims, read off its PSNRs: (leaks less, leaks more).
+CLAIMS = (
+    ("FedCG", "FedAvg"),
+    ("FedCG", "FedAvg + DP sigma^2=0.001"),
+    ("FedAvg + DP sigma^2=0.001", "FedAvg"),
+    ("FedAvg + DP sigma^2=0.1", "FedAvg + DP sigma^2=0.001"),
+    ("FedSplit", "FedAvg"),
+)
+
+
+@dataclass(frozen=True)
+class RunLeaks:
+    """One run's verdict per kind of leak (its ``verdict.csv``): the best probe PSNR over
+    its victims and the attack that reached it; every other kind's mean over its clients."""
+
+    scores: dict[str, float]
+    probe_attack: str
+    references: dict[str, float]  # REFERENCES: a uniform guess's label TV, features' cosine
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunLeaks:
+        file = run_dir / VERDICT_FILE
+        verdicts = pd.read_csv(file) if file.is_file() else pd.DataFrame()
+        scores = {key: _finite(verdicts, key) for key, _, _ in LEAK_KINDS}
+        probe = verdicts.get("counterfactual-psnr", pd.Series(dtype=float)).astype(float)
+        attack = ""
+        if probe.notna().any():
+            scores["counterfactual-psnr"] = float(probe.max())
+            attack = str(verdicts["counterfactual-attack"].iloc[int(probe.argmax())])
+        return cls(scores, attack, {key: _finite(verdicts, key) for key in REFERENCES})
+
+
+def _finite(frame: pd.DataFrame, column: str) -> float:
+    values = frame.get(column, pd.Series(dtype=float)).astype(float)
+    values = values[values.map(math.isfinite)]
+    return float(values.mean()) if len(values) else math.nan
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan
+    series = pd.Series(finite)
+    return float(series.mean()), float(series.std(ddof=1)) if len(finite) > 1 else math.nan
+
+
+def leak_scores(configs: list[Configuration], runs: Path) -> dict[str, dict[str, Any]]:
+    """Per configuration label: each kind's mean and sample std over seeds, the probe's
+    attacks (``"probe-attack"``, as text in a 1-tuple) and the uniform guess's label TV."""
+    per_label: dict[str, list[RunLeaks]] = {}
+    for config in configs:
+        if (runs / config.path / VERDICT_FILE).is_file():
+            per_label.setdefault(config.label, []).append(RunLeaks.read(runs / config.path))
+    out: dict[str, dict[str, Any]] = {}
+    for label, leaks in per_label.items():
+        row: dict[str, Any] = {
+            key: _mean_std([r.scores[key] for r in leaks]) for key, _, _ in LEAK_KINDS
+        }
+        for key in REFERENCES:
+            row[key] = _mean_std([r.references[key] for r in leaks])
+        attacks = pd.Series([r.probe_attack for r in leaks if r.probe_attack])
+        counts = attacks.value_counts()
+        row["probe-attack"] = ", ".join(f"{name} x{n}" for name, n in counts.items())
+        out[label] = row
+    return out
+
+
+def claim_verdict(
+    less: tuple[float, float], more: tuple[float, float], direction: int
+) -> tuple[str, str]:
+    """Whether ``less`` leaks less than ``more`` on a kind scored in ``direction``: holds
+    (beyond the larger std), holds within noise, fails, or not measured; and the means."""
+    (m_less, s_less), (m_more, s_more) = less, more
+    if not (math.isfinite(m_less) and math.isfinite(m_more)):
+        return "not measured", f"{m_less:.3g} vs {m_more:.3g}"
+    spread = max((s for s in (s_less, s_more) if math.isfinite(s)), default=0.0)
+    gap = direction * (m_more - m_less)
+    verdict = "fails" if gap <= 0 else "holds" if gap > spread else "holds within noise"
+    return verdict, f"{m_less:.3g} vs {m_more:.3g}"
+
+
+def _kind_cell(scores: dict[str, Any], key: str) -> str:
+    mean, std = scores.get(key, (math.nan, math.nan))
+    if not math.isfinite(mean):
+        return "n/a"
+    digits = 2 if key == "counterfactual-psnr" else 3
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if math.isfinite(std) else "")
+
+
+def _beats_uniform(scores: dict[str, Any]) -> bool:
+    """Whether the label analyses' TV is below a uniform guess's (labels leak beyond the
+    prior; with IID clients the uniform guess is already close)."""
+    tv, uniform = (
+        scores.get("label-tv", (math.nan,))[0],
+        scores.get("label-tv-uniform", (math.nan,))[0],
+    )
+    return bool(tv < uniform)
+
+
+def _representatives_cell(scores: dict[str, Any]) -> str:
+    cell = _kind_cell(scores, "representatives-ssim")
+    if cell == "n/a" and math.isfinite(scores.get("representatives-cosine", (math.nan,))[0]):
+        return "cosine " + _kind_cell(scores, "representatives-cosine")
+    return cell
+
+
+def report_full(
+    table: pd.DataFrame,
+    leaks: dict[str, dict[str, Any]],
+    budget: Budget,
+    seeds: tuple[int, ...],
+    protocol: str = "paper",
+) -> str:
+    """Table 2 under the full audit, the paper's numbers beside, and its claims per kind."""
+    accuracy = {label: _scores(table, label, "accuracy") for label in table["configuration"]}
+    accuracy = {k: (100 * m, 100 * s) for k, (m, s) in accuracy.items()}
+    missing = (math.nan, math.nan)
+    lines = [
+        f"Protocol {protocol}. Budget {budget.fraction:g} of the paper's: {budget.rounds} rounds "
+        f"x {budget.epochs} local epochs ({100 * budget.share:.2f}% of 100 x 20); seeds "
+        f"{', '.join(map(str, seeds))}; mean ± sample std over seeds; accuracy = "
+        f"{ACCURACY_MEANING[protocol]}. Audit of round {budget.rounds}: every attack that "
+        "applies on one image's gradient (the probe, best PSNR over attacks, peak 1), the "
+        "other kinds on each client's real upload (label TV: lower leaks more, 'uniform' "
+        "is a uniform guess's; membership AUC: 0.5 is chance; representatives SSIM, or their "
+        "feature cosine where no image was inverted).",
+        "",
+        "Table 2 (paper: CIFAR-10, DLG PSNR; ours: Fashion-MNIST, every method that applies)",
+        "",
+        "| method | paper acc. (%) | paper PSNR (dB) | ours acc. (%) | probe PSNR (dB) "
+        "| probe's best attack | label TV (uniform) | membership AUC | representatives SSIM |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, (acc, db) in PAPER_TABLE2.items():
+        row = leaks.get(label, {})
+        uniform = row.get("label-tv-uniform", missing)[0]
+        tv = _kind_cell(row, "label-tv")
+        tv += f" ({uniform:.3f})" if math.isfinite(uniform) else ""
+        lines.append(
+            f"| {label} | {acc:.2f} | {db:.2f} | {_cell(*accuracy.get(label, missing))} "
+            f"| {_kind_cell(row, 'counterfactual-psnr')} | {row.get('probe-attack') or 'n/a'} "
+            f"| {tv} | {_kind_cell(row, 'membership-auc')} "
+            f"| {_representatives_cell(row)} |"
+        )
+    lines += [
+        "",
+        "Claims (X leaks less than Y, from the paper's PSNRs): ours per kind, X vs Y means; "
+        "holds = beyond the larger std, holds within noise = the right order inside it",
+        "",
+        "| claim | paper PSNR | " + " | ".join(name for _, name, _ in LEAK_KINDS) + " |",
+        "|---|---|" + "---|" * len(LEAK_KINDS),
+    ]
+    for less, more in CLAIMS:
+        cells = []
+        for key, _, direction in LEAK_KINDS:
+            verdict, means = claim_verdict(
+                leaks.get(less, {}).get(key, missing),
+                leaks.get(more, {}).get(key, missing),
+                direction,
+            )
+            if key == "label-tv" and not any(
+                _beats_uniform(leaks.get(r, {})) for r in (less, more)
+            ):
+                verdict = "neither beats a uniform guess"
+            cells.append(f"{verdict} ({means})")
+        paper = f"{PAPER_TABLE2[less][1]:.2f} < {PAPER_TABLE2[more][1]:.2f}"
+        lines.append(f"| {less} < {more} | {paper} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| ordering | paper | ours (means) | verdict |",
+        "|---|---|---|---|",
+        *ordering_lines(
+            {k: v[0] for k, v in PAPER_TABLE2.items()},
+            defaulted(accuracy, PAPER_TABLE2),
+            "Table 2 accuracy",
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def defaulted(
     scores: dict[str, tuple[float, float]], rows: dict[str, Any]
 ) -> dict[str, tuple[float, float]]:
@@ -310,13 +550,19 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--protocol", choices=PROTOCOLS, default="paper")
     parser.add_argument(
+        "--audit",
+        choices=AUDITS,
+        default="dlg",
+        help="dlg: both tables, Table 2 by DLG alone; full: Table 2 alone, every method",
+    )
+    parser.add_argument(
         "--rows", nargs="+", metavar="LABEL", help="run only these rows (e.g. FedCG FedSplit)"
     )
     args = parser.parse_args()
     try:
         budget = Budget.of(args.budget)
         overrides = apply_overrides({}, args.overrides)
-        spec, base = sweep_spec(budget, tuple(args.seeds), overrides, args.protocol)
+        spec, base = sweep_spec(budget, tuple(args.seeds), overrides, args.protocol, args.audit)
         configs = configurations(spec, base)
         if args.rows:
             labels = sorted({c.label for c in configs})
@@ -324,10 +570,16 @@ def main() -> None:
             if unknown:
                 raise ScenarioError("--rows", unknown, f"allowed: {', '.join(labels)}")
             configs = [c for c in configs if c.label in args.rows]
+        if args.audit == "full":  # seed by seed: a sweep cut short has every row of a seed
+            configs.sort(key=lambda c: c.seed)
     except ScenarioError as err:
         raise SystemExit(f"error: {err}") from None
     outcome = run_sweep(spec, configs, args.out, Console(soft_wrap=True))
-    text = report(outcome.table, budget, tuple(args.seeds), args.protocol)
+    if args.audit == "full":
+        leaks = leak_scores(configs, args.out / RUNS_DIR)
+        text = report_full(outcome.table, leaks, budget, tuple(args.seeds), args.protocol)
+    else:
+        text = report(outcome.table, budget, tuple(args.seeds), args.protocol)
     (args.out / "paper-tables.md").write_text(text)
     print("\n" + text)
     if outcome.failed:

@@ -31,6 +31,7 @@ from fedsim.outputs.run_folder import read_departures
 from fedsim.scenarios import scenario_path, shipped_scenarios
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.fedcg import PAPER_RAMP_ROUNDS, gamma_schedule
+from fedsim.sweeps.spec import configurations
 from fedsim.sweeps.table import best_validation_accuracy
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -178,11 +179,7 @@ def _fedcg_tables() -> list[tuple[str, dict[str, Any]]]:
 
 def test_shipped_fedcg_runs_keep_the_authors_gamma_ramp(monkeypatch: pytest.MonkeyPatch) -> None:
     tables = _fedcg_tables()
-    spec = importlib.util.spec_from_file_location("paper_tables", BENCH / "paper_tables.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "paper_tables", bench)  # its dataclasses look it up
-    spec.loader.exec_module(bench)
+    bench = _paper_tables_bench(monkeypatch)
     for protocol_name in bench.PROTOCOLS:
         table = bench.fedcg_table(bench.Budget.of(0.0025), protocol_name)
         tables.append((f"paper_tables.py --protocol {protocol_name}", table))
@@ -217,3 +214,84 @@ def test_a_compressed_ramp_is_named_in_the_summary_and_report(
     assert "FedCG&#39;s gamma ramp is compressed: gamma-ramp-rounds = 5" in report
     assert read_departures(tmp_path) == list(departures)
     assert authors.cls.departures(authors.params) == ()  # the default is the authors' 50
+
+
+def _paper_tables_bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    spec = importlib.util.spec_from_file_location("paper_tables", BENCH / "paper_tables.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "paper_tables", bench)  # its dataclasses look it up
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_table2_full_audit_runs_table2_rows_under_every_method(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bench = _paper_tables_bench(monkeypatch)
+    budget = bench.Budget.of(0.0025)
+    spec, base = bench.sweep_spec(budget, (0, 1, 2), {"audit": {"victims": 2}}, "paper", "full")
+    configs = configurations(spec, base)
+
+    assert sorted({c.label for c in configs}) == sorted(bench.PAPER_TABLE2)
+    assert len(configs) == 3 * len(bench.PAPER_TABLE2)
+    for config in configs:
+        audit = config.scenario.audit
+        assert audit.enabled and audit.attacks == "auto" and audit.leaks == "auto", config.label
+        assert audit.threat_model == "update"
+        assert audit.rounds == audit.probe_rounds == (budget.rounds,)
+        assert audit.probe_batch_size == 1
+        assert audit.victims == 2  # --set reaches every row's audit
+    dp = {c.label: c.scenario.defences for c in configs if "DP" in c.label}
+    assert sorted(d[0].params["sigma"] ** 2 for d in dp.values()) == pytest.approx([0.001, 0.1])
+
+    # The DLG-only mode is unchanged: both tables, DLG on the probe of FedAvg, FedSplit, FedCG.
+    spec, base = bench.sweep_spec(budget, (0,), {}, "paper")
+    configs = configurations(spec, base)
+    assert {c.label for c in configs} >= {"Local", "FedProx", *bench.PAPER_TABLE2}
+    audited = {c.label for c in configs if c.scenario.audit.enabled}
+    assert audited == set(bench.PAPER_TABLE2)
+    assert all(
+        [a.name for a in c.scenario.audit.attacks] == ["dlg"]  # type: ignore[union-attr]
+        and c.scenario.audit.threat_model == "probe"
+        for c in configs
+        if c.label in audited
+    )
+
+
+def test_table2_full_audit_scores_each_kind_and_claim(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bench = _paper_tables_bench(monkeypatch)
+    verdicts = pd.DataFrame(
+        {
+            "label-tv": [0.1, 0.3, math.nan],
+            "label-tv-uniform": [0.5, 0.5, 0.5],
+            "membership-auc": [0.6, 0.5, math.nan],
+            "representatives-ssim": [math.nan, math.nan, 0.2],
+            "counterfactual-psnr": [math.nan, 25.0, 12.0],
+            "counterfactual-attack": ["", "grnn-probe", "dlg-probe"],
+        }
+    )
+    verdicts.to_csv(tmp_path / "verdict.csv", index=False)
+    leaks = bench.RunLeaks.read(tmp_path)
+    assert leaks.scores == pytest.approx(
+        {
+            "counterfactual-psnr": 25.0,  # the best over victims
+            "label-tv": 0.2,  # the others: the mean over clients
+            "membership-auc": 0.55,
+            "representatives-ssim": 0.2,
+        }
+    )
+    assert leaks.probe_attack == "grnn-probe"
+    assert leaks.references["label-tv-uniform"] == pytest.approx(0.5)
+
+    # X leaks less than Y: a lower PSNR, a higher label TV.
+    assert bench.claim_verdict((10.0, 1.0), (20.0, 2.0), 1)[0] == "holds"
+    assert bench.claim_verdict((19.0, 1.0), (20.0, 2.0), 1)[0] == "holds within noise"
+    assert bench.claim_verdict((21.0, 1.0), (20.0, 2.0), 1)[0] == "fails"
+    assert bench.claim_verdict((0.5, 0.01), (0.1, 0.01), -1)[0] == "holds"
+    assert bench.claim_verdict((math.nan, math.nan), (0.1, 0.01), -1)[0] == "not measured"
+    # Labels leak only where the analyses beat a uniform guess (IID clients: they do not).
+    assert not bench._beats_uniform({"label-tv": (0.2, 0.0), "label-tv-uniform": (0.03, 0.0)})
+    assert bench._beats_uniform({"label-tv": (0.01, 0.0), "label-tv-uniform": (0.03, 0.0)})
