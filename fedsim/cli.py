@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from fedsim import fedsim_version
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     end_with_parent()  # a child run of a parallel sweep stops when the sweep dies
+    # Ctrl-C stops every command even when fedsim started with SIGINT ignored, as a
+    # shell's background job does (found in CI: a sweep then never passed it on).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = build_parser().parse_args(argv)

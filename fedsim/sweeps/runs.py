@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -240,11 +239,6 @@ def run_parallel(
     pool = ThreadPoolExecutor(parallel)
     # A killed sweep's child runs stop at their round end (SIGTERM from the kernel);
     # each run's own reaper takes its Ray processes.
-    # Ctrl-C stops the sweep even when it started with SIGINT ignored, as a shell's
-    # background job does (found in CI): its child runs take the signal whatever they
-    # inherited (StopGuard), and the sweep must pass it on.
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
     with RaySession(scan=children.processes, reap_on_death=False).watching():
         try:
             list(pool.map(one, todo))
@@ -253,5 +247,3 @@ def run_parallel(
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-            if main:
-                signal.signal(signal.SIGINT, previous)
