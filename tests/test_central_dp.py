@@ -230,8 +230,9 @@ def test_unequal_clients_are_refused_before_the_run() -> None:
 @pytest.mark.slow
 def test_a_ray_simulation_runs_flowers_wrapper_with_the_audit(tmp_path: Path) -> None:
     """The same federation as a real Flower simulation on Ray (the clipping mod inside the
-    actors' ClientApp): the run's files carry the accountant's epsilon and the audit."""
-    scenario = scenario_from_dict(_federation())
+    actors' ClientApp), with 20 canary clients: the run's files carry the accountant's
+    epsilon, the canaries' estimate and the audit."""
+    scenario = scenario_from_dict(_federation(audit={"canary-clients": 20}))
 
     run_scenario(scenario, tmp_path / "run", console=Console(quiet=True))
 
@@ -240,5 +241,12 @@ def test_a_ray_simulation_runs_flowers_wrapper_with_the_audit(tmp_path: Path) ->
     assert list(rounds[protocol.CENTRAL_DP_EPSILON].round(3)) == [4.729, 7.077]
     audit = pd.read_csv(run / AUDIT_FILE)
     assert set(audit["client"]) == {AGGREGATE_CLIENT} and len(audit) == 2
-    assert "user-level epsilon 7.08 after 2 noised rounds" in (run / SUMMARY_FILE).read_text()
-    assert "central-dp-epsilon after the last round: 7.08" in (run / REPORT_FILE).read_text()
+    estimates = rounds[protocol.CENTRAL_DP_EPSILON_EMPIRICAL]
+    assert (rounds[protocol.CENTRAL_DP_EPSILON_EMPIRICAL_LOW] <= estimates).all()
+    assert (estimates <= rounds[protocol.CENTRAL_DP_EPSILON_EMPIRICAL_HIGH]).all()
+    summary = (run / SUMMARY_FILE).read_text()
+    assert "user-level epsilon 7.08 after 2 noised rounds" in summary
+    assert f"canary clients, 20 in every round): {estimates.iloc[-1]:.3g} [" in summary
+    report = (run / REPORT_FILE).read_text()
+    assert "central-dp-epsilon after the last round: 7.08" in report
+    assert f"central-dp-epsilon-empirical after the last round: {estimates.iloc[-1]:.3g}" in report

@@ -375,11 +375,16 @@ def test_a_sweep_of_unaudited_runs_reads_back_without_a_pandas_warning(tmp_path:
 
 def test_the_table_sets_both_epsilons_and_the_other_kinds_side_by_side(tmp_path: Path) -> None:
     """The accountant's epsilon (DP-SGD's, else central DP's), the canaries' lower bound
-    (its highest round) and the other kinds' verdicts reach the compare table."""
+    (its highest round), else the canary clients' last estimate, and the other kinds'
+    verdicts reach the compare table."""
     rows = []
     for label, metrics in (
         ("DP-SGD", {"dp-epsilon": [3.0, 5.0], "audit-epsilon-empirical": [0.4, 0.2]}),
         ("central DP", {"central-dp-epsilon": [2.0, 2.5]}),
+        (
+            "canary clients",
+            {"central-dp-epsilon": [2.0, 2.5], "central-dp-epsilon-empirical": [2.2, 1.9]},
+        ),
     ):
         run_dir = tmp_path / label / "seed-0"
         run_dir.mkdir(parents=True)
@@ -395,8 +400,13 @@ def test_the_table_sets_both_epsilons_and_the_other_kinds_side_by_side(tmp_path:
 
     table = summarise(pd.DataFrame(rows)).set_index("configuration")
 
-    assert table["epsilon-mean"].to_dict() == {"DP-SGD": 5.0, "central DP": 2.5}
+    assert table["epsilon-mean"].to_dict() == {
+        "DP-SGD": 5.0,
+        "central DP": 2.5,
+        "canary clients": 2.5,
+    }
     assert table.loc["DP-SGD", "epsilon-empirical-mean"] == 0.4
+    assert table.loc["canary clients", "epsilon-empirical-mean"] == 1.9
     assert math.isnan(table.loc["central DP", "epsilon-empirical-mean"])
     assert table.loc["DP-SGD", "label-tv-mean"] == pytest.approx(0.2)
     assert table.loc["DP-SGD", "membership-auc-mean"] == pytest.approx(0.6)

@@ -29,7 +29,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedsim.audit.observe import InterceptedRound, intercept
 from fedsim.core import protocol
-from fedsim.strategies.base import EngineHooks, FedsimStrategy
+from fedsim.strategies.base import StrategyWrapper
 
 
 class ReplyObserver(Protocol):
@@ -46,35 +46,13 @@ class ReplyObserver(Protocol):
         """Complete what was observed (called when Flower's ``start`` returns)."""
 
 
-class AuditedStrategy(FedsimStrategy):
-    """Delegates to ``inner``; shows each training round to ``observer``.
-
-    Every Flower method and engine hook is forwarded explicitly: a new hook
-    must be added here, not reach the inner strategy by accident.
-    """
+class AuditedStrategy(StrategyWrapper):
+    """Delegates to ``inner``; shows each training round to ``observer``."""
 
     def __init__(self, inner: Strategy, observer: ReplyObserver) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.observer = observer
         self._sent: tuple[ArrayRecord, ConfigRecord] | None = None
-
-    # -- engine hooks ------------------------------------------------------------
-
-    # A plain Flower strategy has none: the engine's defaults stand in.
-
-    def initial_arrays(self) -> ArrayRecord:
-        if not isinstance(self.inner, EngineHooks):
-            raise RuntimeError(f"{type(self.inner).__name__} has no initial model: pass one")
-        return self.inner.initial_arrays()
-
-    def state_for_checkpoint(self) -> dict[str, Any]:
-        if not isinstance(self.inner, EngineHooks):
-            return {}
-        return self.inner.state_for_checkpoint()
-
-    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
-        if isinstance(self.inner, EngineHooks):
-            self.inner.restore_checkpoint_state(state)
 
     def start(self, *args: Any, **kwargs: Any) -> Result:
         """Flower's round loop over the wrapped strategy; returns once every attack is done."""
@@ -82,8 +60,6 @@ class AuditedStrategy(FedsimStrategy):
             return super().start(*args, **kwargs)
         finally:
             self.observer.finish()
-
-    # -- Flower's Strategy ---------------------------------------------------------
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -108,16 +84,3 @@ class AuditedStrategy(FedsimStrategy):
             ok = [r for r in replies if not r.has_error()]
             self.observer.observe_round(intercept(server_round, *self._sent, ok))
         return self.inner.aggregate_train(server_round, replies)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.inner.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        return self.inner.aggregate_evaluate(server_round, replies)
-
-    def summary(self) -> None:
-        self.inner.summary()

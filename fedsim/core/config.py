@@ -444,6 +444,10 @@ class AuditConfig:
     # split, each in client canary-client's training data on a fair coin (0 = off).
     canaries: int = 0
     canary_client: int = 0
+    # Andrew et al.'s one-shot user-level estimate: this many canary clients, each
+    # uploading a random direction at the clipping norm every round, beside the clients
+    # under [central-dp] with client-side clipping (0 = off).
+    canary_clients: int = 0
     probe_batch_size: int = 1
     rounds: tuple[int, ...] = ()
     every: int = 1
@@ -484,6 +488,12 @@ class AuditConfig:
         require(self.candidates >= 2, "candidates", self.candidates, "must be >= 2")
         require(self.canaries >= 0, "canaries", self.canaries, "must be >= 0 (0 = off)")
         require(self.canary_client >= 0, "canary-client", self.canary_client, "must be >= 0")
+        require(
+            self.canary_clients == 0 or self.canary_clients >= 2,
+            "canary-clients",
+            self.canary_clients,
+            "must be 0 (off) or >= 2 (the estimate fits the inserted canaries' spread)",
+        )
         require(
             not (self.canaries and self.threat_model == "aggregate"),
             "canaries",

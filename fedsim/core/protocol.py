@@ -49,6 +49,11 @@ EVAL_ACC = "eval-acc"
 DP_EPSILON = "dp-epsilon"  # DP-SGD's epsilon spent so far
 # Central DP's user-level epsilon spent so far (Flower's RDP accountant; [central-dp]).
 CENTRAL_DP_EPSILON = "central-dp-epsilon"
+# Andrew et al.'s user-level estimate from the audit's canary clients (audit.canary-clients):
+# the model's change so far against their directions, with its 95 % bootstrap interval.
+CENTRAL_DP_EPSILON_EMPIRICAL = "central-dp-epsilon-empirical"
+CENTRAL_DP_EPSILON_EMPIRICAL_LOW = "central-dp-epsilon-empirical-low"
+CENTRAL_DP_EPSILON_EMPIRICAL_HIGH = "central-dp-epsilon-empirical-high"
 GAN_D_LOSS = "gan-d-loss"
 GAN_G_LOSS = "gan-g-loss"
 FEDCG_CE = "fedcg-ce-loss"  # FedCG stage 1: mean cross-entropy term

@@ -74,6 +74,9 @@ EPSILON = {
     protocol.DP_EPSILON: "record level, DP-SGD's accountant (Opacus)",
     protocol.CENTRAL_DP_EPSILON: "user level, central DP's accountant (Flower)",
     protocol.AUDIT_EPSILON_EMPIRICAL: "record level, lower bound from the audit's canaries, 95 %",
+    protocol.CENTRAL_DP_EPSILON_EMPIRICAL: (
+        "user level, estimate from the audit's canary clients (Andrew et al.), not a bound"
+    ),
 }
 LOSS = (protocol.TRAIN_LOSS, protocol.TEST_LOSS, protocol.CLIENT_EVAL_LOSS)
 AUDIT_SCORES = (("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("label_acc", "label accuracy"))
@@ -225,7 +228,10 @@ def _overview(run_dir: Path, metrics: pd.DataFrame) -> list[str]:
                 lines.append(f"final {key}: {float(last[key]):.4f}")
         for key, meaning in EPSILON.items():
             if key in metrics and math.isfinite(float(last[key])):
-                lines.append(f"{key} after the last round: {float(last[key]):.3g} ({meaning})")
+                value = f"{float(last[key]):.3g}"
+                if f"{key}-low" in metrics:  # an estimate's 95 % interval
+                    value += f" [{float(last[f'{key}-low']):.3g}, {float(last[f'{key}-high']):.3g}]"
+                lines.append(f"{key} after the last round: {value} ({meaning})")
     return lines
 
 

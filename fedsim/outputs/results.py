@@ -213,13 +213,26 @@ def central_dp_lines(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str
         return []
     spent = [e for r in rows if math.isfinite(e := r.get(protocol.CENTRAL_DP_EPSILON, math.nan))]
     released = f"{spent[-1]:.3g} after {len(spent)} noised rounds" if spent else "none released"
-    return [
+    lines = [
         f"- central DP (Flower's {central.clipping}-side fixed clipping, noise multiplier "
         f"{central.noise_multiplier:g}, clipping norm {central.clipping_norm:g}): user-level "
         f"epsilon {released} at delta {central.delta:g} (Flower's RDP accountant, no "
         "amplification by sampling); the server adds the noise after aggregating, so it "
         "protects the released model, not the server's view"
     ]
+    estimated = [r for r in rows if protocol.CENTRAL_DP_EPSILON_EMPIRICAL in r]
+    if estimated:
+        last = estimated[-1]
+        lines.append(
+            f"- empirical user-level epsilon (Andrew et al.'s canary clients, "
+            f"{scenario.audit.canary_clients} in every round): "
+            f"{last[protocol.CENTRAL_DP_EPSILON_EMPIRICAL]:.3g} "
+            f"[{last[protocol.CENTRAL_DP_EPSILON_EMPIRICAL_LOW]:.3g}, "
+            f"{last[protocol.CENTRAL_DP_EPSILON_EMPIRICAL_HIGH]:.3g}] (95 % bootstrap) after "
+            f"round {last[protocol.ROUND]}: an estimate, not a bound, beside the accountant's "
+            "upper bound; the canaries are part of the released model"
+        )
+    return lines
 
 
 def epsilon_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -232,7 +232,7 @@ def check_audit(audit: AuditConfig, fed: FederationConfig, setting: AttackSettin
         )
     plan = resolve_audit(audit, setting)
     require(
-        bool(plan.attacks or plan.leaks),
+        bool(plan.attacks or plan.leaks or audit.canary_clients),
         "audit.attacks",
         audit.attacks,
         "no attack or leak analysis to run: none applies to this scenario, or none is "

@@ -231,6 +231,19 @@ def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[Engin
     )
 
 
+def check_canary_clients(scenario: Scenario) -> None:
+    """Canary clients upload a direction at the clipping norm, which client-side clipping
+    leaves unchanged; server-side clipping would clip them with the clients' updates."""
+    audit, central = scenario.audit, scenario.central_dp
+    require(
+        not (audit.enabled and audit.canary_clients) or central.clipping == "client",
+        "audit.canary-clients",
+        audit.canary_clients,
+        "estimate user-level epsilon under Flower's central DP with client-side clipping: "
+        f'set central-dp.clipping = "client" (it is {central.clipping!r}), or canary-clients = 0',
+    )
+
+
 def check_equal_partitions(data: DataConfig, fed: FederationConfig) -> None:
     """Central DP's noise (``clipping-norm / n`` per client) assumes equal client weights."""
     splits = partition_dataset(data, fed.num_clients, fed.seed)
@@ -273,6 +286,7 @@ def check_components(scenario: Scenario) -> Components:
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
     check_aggregate_audit(scenario, strategy.name, strategy.cls)
     check_central_dp(scenario, strategy.name, strategy.cls)
+    check_canary_clients(scenario)
     client = client_spec(scenario, partitioner, generator)
     audit_threat = scenario.audit.threat_model if scenario.audit.enabled else None
     check_defences(client, scenario.strategy.name, audit_threat)

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from fedsim.audit.auditor import Auditor
 from fedsim.audit.canaries import CanaryAudit
+from fedsim.audit.canary_clients import CanaryClients, WithCanaryClients
 from fedsim.audit.candidates import AuditPool
 from fedsim.audit.observe import ServerView
 from fedsim.audit.tasks import reserved_workers
@@ -108,14 +109,34 @@ def plain_strategy(components: Components, server: ServerResources) -> FedsimStr
 
 def build_strategy(components: Components, server: ServerResources) -> FedsimStrategy:
     """:func:`plain_strategy`, wrapped in Flower's central DP when the scenario has
-    ``[central-dp]``."""
+    ``[central-dp]`` (with the audit's canary clients when it asks for them)."""
     strategy = plain_strategy(components, server)
-    central_dp, fed = components.scenario.central_dp, components.scenario.federation
-    if central_dp.enabled:
-        return with_central_dp(
-            strategy, central_dp, fed.sampled_per_round, fed.num_clients, fed.seed
-        )
-    return strategy
+    scenario = components.scenario
+    if not scenario.central_dp.enabled:
+        return strategy
+    audit = scenario.audit
+    return with_central_dp_and_canaries(
+        strategy, scenario, audit.canary_clients if audit.enabled else 0
+    )
+
+
+def with_central_dp_and_canaries(
+    strategy: FedsimStrategy, scenario: Scenario, canaries: int
+) -> FedsimStrategy:
+    """``strategy`` in Flower's central-DP wrapper, which noises the mean of the sampled
+    clients and ``canaries`` canary clients (Andrew et al.'s; none when 0) every round."""
+    central, fed = scenario.central_dp, scenario.federation
+    noised = with_central_dp(
+        strategy,
+        central,
+        fed.sampled_per_round + canaries,
+        fed.num_clients + canaries,
+        fed.seed,
+    )
+    if not canaries:
+        return noised
+    planted = CanaryClients(canaries, noised.initial_arrays(), scenario.audit.seed)
+    return WithCanaryClients(noised, planted, central.clipping_norm, central.delta)
 
 
 def sampled_grid(grid: Grid, components: Components, sampler: PartitionSampler) -> SampledGrid:

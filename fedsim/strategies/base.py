@@ -22,11 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.core import protocol
@@ -164,3 +166,54 @@ class EngineHooks(ABC):
 
 class FedsimStrategy(Strategy, EngineHooks):
     """A Flower ``Strategy`` with the engine's hooks: what the round loop drives."""
+
+
+class StrategyWrapper(FedsimStrategy):
+    """Delegates every Flower method and engine hook to ``inner`` (fedsim's strategy or a
+    plain Flower one, whose missing hooks get the engine's defaults), one by one: a new
+    hook is forwarded here, never reaching the inner strategy by accident. A wrapper
+    overrides the calls it changes (:class:`~fedsim.audit.wrapper.AuditedStrategy`)."""
+
+    def __init__(self, inner: Strategy) -> None:
+        self.inner = inner
+
+    # -- engine hooks ------------------------------------------------------------
+
+    def initial_arrays(self) -> ArrayRecord:
+        if not isinstance(self.inner, EngineHooks):
+            raise RuntimeError(f"{type(self.inner).__name__} has no initial model: pass one")
+        return self.inner.initial_arrays()
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        if not isinstance(self.inner, EngineHooks):
+            return {}
+        return self.inner.state_for_checkpoint()
+
+    def restore_checkpoint_state(self, state: dict[str, Any]) -> None:
+        if isinstance(self.inner, EngineHooks):
+            self.inner.restore_checkpoint_state(state)
+
+    # -- Flower's Strategy ---------------------------------------------------------
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self.inner.aggregate_train(server_round, replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.inner.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        self.inner.summary()

@@ -54,10 +54,16 @@ def accountant_epsilon(last: pd.Series) -> float:
     return math.nan
 
 
-def highest_empirical_epsilon(metrics: pd.DataFrame) -> float:
-    """The one-run audit's lower bound from the canaries: its highest round (NaN without)."""
+def empirical_epsilon(metrics: pd.DataFrame) -> float:
+    """The one-run audit's lower bound from the canaries (its highest round), else the
+    canary clients' user-level estimate after the last round, else NaN."""
     column = metrics.get(protocol.AUDIT_EPSILON_EMPIRICAL)
-    return math.nan if column is None or column.isna().all() else float(column.max())
+    if column is not None and not column.isna().all():
+        return float(column.max())
+    estimates = metrics.get(protocol.CENTRAL_DP_EPSILON_EMPIRICAL)
+    if estimates is not None and not estimates.isna().all():
+        return float(estimates.dropna().iloc[-1])
+    return math.nan
 
 
 def leak_verdicts(verdict_file: Path) -> dict[str, float]:
@@ -121,7 +127,7 @@ def run_results(
         "accuracy": score,
         "accuracy-from": source,
         "epsilon": accountant_epsilon(last),
-        "epsilon-empirical": highest_empirical_epsilon(metrics),
+        "epsilon-empirical": empirical_epsilon(metrics),
         **leak_verdicts(run_dir / VERDICT_FILE),
         "rounds": len(metrics),
         "seconds": read_wall_seconds(run_dir),
