@@ -38,6 +38,7 @@ from fedsim.core.registry import Registry
 
 PORTFOLIO = (
     "analytic-fc",
+    "adam-signs",
     "spear",
     "box-vertices",
     "cocktail-party",
