@@ -212,7 +212,8 @@ def test_auto_runs_it_on_adam_clients_only() -> None:
 
 
 # Slow: unrolled-dlg replays 4 Adam steps of a 200k-parameter MLP per objective evaluation,
-# at the portfolio's budget for an unmeasured model (100 L-BFGS steps x 2 restarts): 19 s at load 1.5.
+# at the portfolio's budget for an unmeasured model (100 L-BFGS steps x 2 restarts): 19 s
+# at load 1.5.
 @pytest.mark.slow
 def test_unrolled_dlg_recovers_none_of_the_digits_adam_signs_gives_back() -> None:
     observation, truth, labels = _update(ADAM, images=4, seed=0)
