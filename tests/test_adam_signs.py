@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import ray
 import torch
+from client_updates import real_update
 from inprocess import InProcessGrid
 from rich.console import Console
 
@@ -30,8 +31,6 @@ from fedsim.core.config import (
 )
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
-from fedsim.core.models import InputSpec, build_model
-from fedsim.core.training import train_local
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import AUDIT_FILE, new_run_dir
 from fedsim.scenario.components import client_spec
@@ -42,36 +41,16 @@ from fedsim.simulation.runner import serve
 from fedsim.strategies import STRATEGIES
 
 BUNDLE = load_dataset(DataConfig(normalize=True))  # embedded MNIST at 32x32, standardised
-SPEC = InputSpec(1, 32, 10)
 MODEL = ModelConfig("mlp-2nn")
 PUBLIC = AuditPool.split(BUNDLE.test_images, BUNDLE.test_labels, seed=0).public
 ADAM = ClientConfig(local_epochs=2, batch_size=2, optimizer="adam", lr=1e-3)
-CLIENT_SEED = 101  # the client's private shuffling seed: only the test knows it
 
 
 def _update(
     cfg: ClientConfig, images: int, seed: int
 ) -> tuple[Observation, torch.Tensor, torch.Tensor]:
     """A client's real update on ``images`` training digits, and its truth (pixels)."""
-    idx = torch.tensor([7 + 397 * k + seed for k in range(images)])
-    x, y = BUNDLE.train_images[idx], BUNDLE.train_labels[idx]
-    model = build_model(MODEL, SPEC, seed=seed)
-    sent = {k: v.detach().clone() for k, v in model.named_parameters()}
-    train_local(model, x, y, cfg, seed=CLIENT_SEED)
-    observation = Observation(
-        round=1,
-        client_id=0,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v.detach().clone() for k, v in model.named_parameters()},
-        global_params=sent,
-        model=MODEL,
-        input_spec=SPEC,
-        normalization=BUNDLE.normalization,
-        train_config=cfg,
-        num_examples=images,
-        public=PUBLIC,
-    )
+    observation, x, y = real_update(BUNDLE, MODEL, cfg, images, seed, PUBLIC)
     return observation, BUNDLE.normalization.to_pixels(x), y
 
 
