@@ -16,6 +16,7 @@ from rich.console import Console
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.adam_signs import AdamSigns, AdamSignsParams, NeighbourhoodPrior
 from fedsim.attacks.base import AttackSetting, Observation
+from fedsim.audit.auditor import _as_seen_by, _Victim
 from fedsim.audit.candidates import AuditPool
 from fedsim.clients.app import build_client_app
 from fedsim.core.components import resolve
@@ -248,3 +249,15 @@ def test_unrolled_dlg_recovers_none_of_the_digits_adam_signs_gives_back() -> Non
 
     assert baseline.recovered == 0
     assert ours.recovered >= 2
+
+
+def test_the_audit_grants_the_public_data_to_attacks_that_read_them_only() -> None:
+    pool = AuditPool.split(BUNDLE.test_images, BUNDLE.test_labels, seed=0)
+    observation, _, _ = _update(ADAM, images=2, seed=0)
+    victim = _Victim(0, dataclasses.replace(observation, public=None), None, (0,))
+
+    ours = _as_seen_by(resolve(ATTACKS, ComponentConfig("adam-signs"), "k"), victim, pool)
+    dlg = _as_seen_by(resolve(ATTACKS, ComponentConfig("dlg"), "k"), victim, pool)
+
+    assert ours.observation.public is pool.public
+    assert dlg.observation.public is None
