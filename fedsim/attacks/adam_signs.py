@@ -43,6 +43,14 @@ the mask alone 17.6 dB, a Gaussian blur of it 19.5-19.7 dB). Unnormalised
 pixels give only the support (``pixel > 0``): at 32x32 the same prior on true
 supports reaches a median 18.1 dB, 3 % of digits recovered.
 
+Adam's ``eps`` keeps more than the sign: for one step ``|u_ij / u_i| = |x_j|
+(s + eps) / (|x_j| s + eps)``, a known function of ``|x_j|`` up to the row's
+``s / eps``. Where black pixels sit off the threshold (standardised pixels)
+and most of the public data's off pixels are black, the black background
+fixes ``s / eps`` and the row gives every pixel's value (:func:`eps_read`);
+the best-conditioned row of an image is read where its deviation stands
+``min_snr`` times above float32 rounding, else the prior paints the mask.
+
 Labels: the label of the nearest public image (pixel space), a cheap honest
 read; ``details["labels"]`` says so.
 
@@ -87,12 +95,20 @@ class AdamSignsParams:
         Largest 90th percentile of ``||u_ij / u_i| - 1|`` over a row's nonzero
         entries for the row to count as one image's sign pattern (pure rows
         measured under 3e-3, mixed ones 0.1 and above: see the module).
+    min_snr:
+        How far (in multiples of float32 rounding) a row's background deviation must
+        stand for Adam's ``eps`` to be read as pixel values (:func:`eps_read`); below
+        it the mask is painted by the prior. Measured on 115 images found in 15
+        clients of 4-16 digits: 20 put 36 at 30 dB or more but lost one under 20 dB
+        that the prior had; 50 put 23 at 30 dB or more and lost none; 100, 10.
     """
 
     tolerance: float = 0.02
+    min_snr: float = 50.0
 
     def __post_init__(self) -> None:
         require(0 < self.tolerance < 1, "tolerance", self.tolerance, "must be in (0, 1)")
+        require(self.min_snr > 0, "min-snr", self.min_snr, "must be > 0")
 
 
 def adam_refusal(cfg: ClientConfig) -> str | None:
@@ -125,23 +141,71 @@ def weight_update(observation: Observation, layer: str) -> tuple[torch.Tensor, t
     return out[0], out[1]
 
 
-def sign_patterns(
-    weight: torch.Tensor, bias: torch.Tensor, tolerance: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pure rows' sign patterns ``(R, d)`` in ``{-1, 0, 1}`` (int8), identical rows
-    merged, and how many rows each has, most first."""
+@dataclass(frozen=True)
+class PureRows:
+    """The pure rows of a first layer's update and the sign patterns they show."""
+
+    patterns: torch.Tensor  # (P, d) int8 in {-1, 0, 1}, identical rows merged, most rows first
+    rows: torch.Tensor  # (P,) rows per pattern
+    ratios: torch.Tensor  # (R, d) each pure row's u_ij / u_i
+    pattern_of: torch.Tensor  # (R,) the pattern each pure row shows
+    noise: torch.Tensor  # (R,) each row's float32 rounding, relative to its bias update
+
+
+def pure_rows(
+    weight: torch.Tensor, bias: torch.Tensor, uploaded: torch.Tensor, tolerance: float
+) -> PureRows:
+    """The rows whose 90th-percentile deviation ``||u_ij / u_i| - 1|`` is at most
+    ``tolerance``, with their patterns (``uploaded``: the layer's uploaded weights, whose
+    float32 rounding bounds what the ratios can tell)."""
     active = bias.abs() > 0
     ratio = weight[active] / bias[active, None]
     nonzero = ratio != 0
     deviation = torch.where(nonzero, (ratio.abs() - 1).abs(), torch.nan)
     spread = torch.nanquantile(deviation, 0.9, dim=1)
     pure = (spread <= tolerance) & nonzero.any(dim=1)
-    signs = torch.sign(ratio[pure]).to(torch.int8)
+    ratios = ratio[pure]
+    rounding = torch.finfo(torch.float32).eps * uploaded[active][pure].double().abs()
+    noise = rounding.median(dim=1).values / bias[active][pure].abs()
+    signs = torch.sign(ratios).to(torch.int8)
     if not len(signs):
-        return signs, torch.zeros(0, dtype=torch.long)
-    patterns, counts = torch.unique(signs, dim=0, return_counts=True)
+        empty = torch.zeros(0, dtype=torch.long)
+        return PureRows(signs, empty, ratios, empty, noise)
+    patterns, inverse, counts = torch.unique(signs, dim=0, return_inverse=True, return_counts=True)
     order = torch.argsort(counts, descending=True, stable=True)
-    return patterns[order], counts[order]
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order))
+    return PureRows(patterns[order], counts[order], ratios, rank[inverse], noise)
+
+
+def eps_read(
+    ratios: torch.Tensor, noise: torch.Tensor, black: torch.Tensor, min_snr: float
+) -> torch.Tensor | None:
+    """One image's pixel values (model space) from Adam's ``eps`` in its pure rows, or
+    ``None`` where no row reads them above float32 rounding.
+
+    For one row, ``|u_ij / u_i| = |x_j| (s + eps) / (|x_j| s + eps)`` (``s``: the bias
+    entry's ``sqrt(v_hat)``), so ``d_j = 1 - |u_ij / u_i|`` gives
+    ``|x_j| = (1 - d_j) / (1 + d_j s / eps)``. ``s / eps`` is fixed by the black
+    background, whose model-space magnitude ``black`` is known: ``d`` at its median off
+    pixel is taken to be black. The row whose background ``d`` stands furthest above its
+    rounding (at least ``min_snr`` times) is read.
+    """
+    d = 1 - ratios.abs()
+    off = ratios < 0
+    background = torch.stack(
+        [
+            row[mask].median() if mask.any() else row.new_tensor(0.0)
+            for row, mask in zip(d, off, strict=True)
+        ]
+    )
+    snr = background / noise
+    best = int(snr.argmax())
+    if not float(snr[best]) >= min_snr:
+        return None
+    level = float(black[off[best]].median())
+    scale = ((1 - float(background[best])) / level - 1) / float(background[best])
+    return torch.sign(ratios[best]) * (1 - d[best]) / (1 + d[best] * scale)
 
 
 def possible(patterns: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -308,20 +372,35 @@ class AdamSigns(AnalyticAttack):
         spec, norm = observation.input_spec, observation.normalization
         shape = (spec.channels, spec.image_size, spec.image_size)
         weight, bias = weight_update(observation, layer)
-        patterns, rows = sign_patterns(weight, bias, self.params.tolerance)
+        uploaded = observation.shared[f"{layer}.weight"].cpu()
+        read = pure_rows(weight, bias, uploaded, self.params.tolerance)
+        patterns, rows = read.patterns, read.rows
         zero = norm.to_model(torch.zeros(1, *shape, dtype=torch.float64)).flatten()
         batch = observation.num_examples
         taken = image_patterns(patterns, zero, batch)
-        masks = patterns[taken] > 0
         found = len(taken)
         threshold = pixel_threshold(norm, spec.channels)
         public_pixels = norm.to_pixels(public.images.double()).clamp(0, 1)
         prior = NeighbourhoodPrior.fit(public_pixels.numpy(), threshold)
+        # eps's read needs black to sit off the threshold (standardised pixels) and most
+        # off pixels to be black (checked on the public data: digits, not photographs).
+        off = public_pixels <= torch.as_tensor(threshold)
+        exact = spec.channels == 1 and bool((public_pixels[off] == 0).double().mean() > 0.5)
         images = torch.full((batch, *shape), 0.5)
         labels = torch.zeros(batch, dtype=torch.long)
+        exact_reads = 0
+        for slot, k in enumerate(taken):
+            mask = (patterns[k] > 0).reshape(shape).numpy()
+            mine = read.pattern_of == k
+            x = eps_read(read.ratios[mine], read.noise[mine], zero.abs(), self.params.min_snr)
+            if x is None or not exact:
+                images[slot] = torch.as_tensor(prior.image(mask, threshold)).float()
+                continue
+            exact_reads += 1
+            pixels = norm.to_pixels(x.reshape(1, *shape))[0].numpy()
+            boxed = np.where(mask, np.clip(pixels, threshold, 1), np.clip(pixels, 0, threshold))
+            images[slot] = torch.as_tensor(boxed).float()
         if found:
-            painted = [prior.image(m.reshape(shape).numpy(), threshold) for m in masks]
-            images[:found] = torch.as_tensor(np.stack(painted)).float()
             labels[:found] = nearest_labels(images[:found], public, public_pixels)
         details = {
             "layer": layer,
@@ -329,6 +408,7 @@ class AdamSigns(AnalyticAttack):
             "pure_rows": int(rows.sum()),
             "patterns": len(patterns),
             "rows_per_image": rows[taken].tolist(),
+            "read_from_eps": exact_reads,
             "labels": "nearest public image",
             "gradient_residual": math.nan,
         }
