@@ -124,7 +124,12 @@ def adam_refusal(cfg: ClientConfig) -> str | None:
             "(Adam's L2 decay joins every gradient and breaks the sign pattern; AdamW's is read)"
         )
     refusal = replay_refusal(cfg)
-    return None if refusal is None else f"cannot read the sign patterns: {refusal}"
+    if refusal is None:
+        return None
+    return (
+        f"cannot read the sign patterns: {refusal} "
+        '(it reads optimizer-state = "fresh", augment = "none")'
+    )
 
 
 def weight_update(observation: Observation, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,8 +320,8 @@ class AdamSigns(AnalyticAttack):
             setting.threat_model == "update",
             f"{key}.name",
             cls.name,
-            f"reads one client's Adam update; audit.threat-model = {setting.threat_model!r} "
-            f"gives {seen.get(setting.threat_model, 'no update')}",
+            f"reads one client's Adam update (audit.threat-model = 'update'); "
+            f"{setting.threat_model!r} gives {seen.get(setting.threat_model, 'no update')}",
         )
         refusal = adam_refusal(setting.client)
         require(refusal is None, f"{key}.name", cls.name, str(refusal))
