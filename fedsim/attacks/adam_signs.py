@@ -213,6 +213,36 @@ def eps_read(
     return torch.sign(ratios[best]) * (1 - d[best]) / (1 + d[best] * scale)
 
 
+def support_read(
+    ratios: torch.Tensor, noise: torch.Tensor, on_mean: float, min_snr: float
+) -> torch.Tensor | None:
+    """As :func:`eps_read` where black is 0 in model space (unnormalised pixels): off
+    pixels give no deviation, so ``s / eps`` is fixed by a prior instead, the public
+    data's mean on-pixel value ``on_mean``, which the image's on pixels are given.
+    The row whose 90th-percentile on-pixel ``d`` stands furthest above its rounding (at
+    least ``min_snr`` times) is read."""
+    on = ratios[0] > 0
+    d = (1 - ratios[:, on]).clamp(min=0)
+    snr = d.quantile(0.9, dim=1) / noise
+    best = int(snr.argmax())
+    if not float(snr[best]) >= min_snr:
+        return None
+    row = d[best]
+
+    def mean_at(scale: float) -> float:
+        return float(((1 - row) / (1 + row * scale)).mean())
+
+    low, high = 1.0, 1e12  # s / eps: the mean falls from about 1 as it grows
+    if not mean_at(high) <= on_mean <= mean_at(low):
+        return None
+    for _ in range(80):  # bisection in log scale
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if mean_at(middle) > on_mean else (low, middle)
+    x = torch.zeros_like(ratios[0])
+    x[on] = (1 - row) / (1 + row * math.sqrt(low * high))
+    return x
+
+
 def possible(patterns: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """Which patterns some image in the box could have: a ``-1`` needs a pixel whose
     model-space value can be negative (``zero``: each pixel's model value at 0)."""
@@ -391,14 +421,21 @@ class AdamSigns(AnalyticAttack):
         # off pixels to be black (checked on the public data: digits, not photographs).
         off = public_pixels <= torch.as_tensor(threshold)
         exact = spec.channels == 1 and bool((public_pixels[off] == 0).double().mean() > 0.5)
+        black_at_zero = bool((zero == 0).all())
+        on_mean = float(public.images[public.images > 0].double().mean()) if exact else 0.0
         images = torch.full((batch, *shape), 0.5)
         labels = torch.zeros(batch, dtype=torch.long)
         exact_reads = 0
         for slot, k in enumerate(taken):
             mask = (patterns[k] > 0).reshape(shape).numpy()
             mine = read.pattern_of == k
-            x = eps_read(read.ratios[mine], read.noise[mine], zero.abs(), self.params.min_snr)
-            if x is None or not exact:
+            ratios, noise, min_snr = read.ratios[mine], read.noise[mine], self.params.min_snr
+            x = None
+            if exact and black_at_zero:
+                x = support_read(ratios, noise, on_mean, min_snr)
+            elif exact:
+                x = eps_read(ratios, noise, zero.abs(), min_snr)
+            if x is None:
                 images[slot] = torch.as_tensor(prior.image(mask, threshold)).float()
                 continue
             exact_reads += 1
