@@ -41,7 +41,8 @@ digits (32x32, standardised; the public half of the held-out split) it gives a
 median 24.7 dB, every digit at 20 dB and SSIM 0.8 (at 28x28: 22.8 dB, 99 %;
 the mask alone 17.6 dB, a Gaussian blur of it 19.5-19.7 dB). Unnormalised
 pixels give only the support (``pixel > 0``): at 32x32 the same prior on true
-supports reaches a median 18.1 dB, 3 % of digits recovered.
+supports reaches a median 18.1 dB, 3 % of digits recovered, which is why the
+pixel values are read from ``eps`` wherever float32 resolves them.
 
 Adam's ``eps`` keeps more than the sign: for one step ``|u_ij / u_i| = |x_j|
 (s + eps) / (|x_j| s + eps)``, a known function of ``|x_j|`` up to the row's
@@ -50,6 +51,8 @@ and most of the public data's off pixels are black, the black background
 fixes ``s / eps`` and the row gives every pixel's value (:func:`eps_read`);
 the best-conditioned row of an image is read where its deviation stands
 ``min_snr`` times above float32 rounding, else the prior paints the mask.
+Unnormalised pixels put black at 0 (no deviation off the support): there the
+public data's mean on-pixel value fixes ``s / eps`` (:func:`support_read`).
 
 Labels: the label of the nearest public image (pixel space), a cheap honest
 read; ``details["labels"]`` says so.
