@@ -21,6 +21,7 @@ The client's lr is ``--sgd-lr`` for SGD and ``--adam-lr`` for Adam.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import statistics
 import time
@@ -29,9 +30,10 @@ import pandas as pd
 import torch
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.base import Observation
+from fedsim.attacks.base import Observation, PublicData
+from fedsim.audit.candidates import AuditPool
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, parse_table
-from fedsim.core.data import load_dataset
+from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.seeds import SeedStream, derive_seed
@@ -39,10 +41,21 @@ from fedsim.core.training import train_local
 
 
 def client_update(
-    data: str, model: ModelConfig, images: int, cfg: ClientConfig, client: int, seed: int
+    data: str,
+    model: ModelConfig,
+    images: int,
+    cfg: ClientConfig,
+    client: int,
+    seed: int,
+    normalize: bool = False,
 ) -> tuple[Observation, torch.Tensor, torch.Tensor]:
-    """One client's real update on ``images`` of its own digits, and its truth."""
-    bundle = load_dataset(DataConfig(dataset=data, image_size=32))
+    """One client's real update on ``images`` of its own digits, and its truth.
+
+    The observation carries the server's public data as the audit grants it (the
+    public half of the held-out split); where a dataset's held-out split is its
+    training set (foolbox's 20 samples) the client's own images are left out of it.
+    """
+    bundle = load_dataset(DataConfig(dataset=data, image_size=32, normalize=normalize))
     spec = InputSpec(bundle.train_images.shape[1], 32, bundle.num_classes)
     pick = torch.Generator().manual_seed(derive_seed(SeedStream.LOCAL_SPLIT, seed, client))
     index = torch.randperm(len(bundle.train_labels), generator=pick)[:images]
@@ -62,8 +75,20 @@ def client_update(
         normalization=bundle.normalization,
         train_config=cfg,
         num_examples=images,
+        public=public_data(bundle, index, seed),
     )
     return observation, bundle.normalization.to_pixels(x), y
+
+
+def public_data(bundle: DatasetBundle, trained: torch.Tensor, seed: int) -> PublicData:
+    """The audit's public half of the held-out split, without the client's own images
+    where the held-out split is the training set."""
+    images, labels = bundle.test_images, bundle.test_labels
+    if images.shape == bundle.train_images.shape and torch.equal(images, bundle.train_images):
+        kept = torch.ones(len(labels), dtype=torch.bool)
+        kept[trained] = False
+        images, labels = images[kept], labels[kept]
+    return AuditPool.split(images, labels, seed).public
 
 
 def main() -> None:
@@ -84,6 +109,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="fedavg_leakage.csv")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--normalize", action="store_true", help="standardise the pixels")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # TF32 convolutions move second-order matching by many dB (DESIGN.md, section 9).
@@ -93,14 +119,20 @@ def main() -> None:
     rows = []
     grid = itertools.product(args.datasets, args.optimizers, args.images, args.epochs, args.batch)
     for data, optimizer, images, epochs, batch in grid:
+        if batch > images:
+            continue  # the same cell as batch = images
         lr = args.sgd_lr if optimizer == "sgd" else args.adam_lr
         cfg = ClientConfig(local_epochs=epochs, batch_size=batch, optimizer=optimizer, lr=lr)
         for client in range(args.clients):
-            observation, truth, labels = client_update(data, model, images, cfg, client, args.seed)
+            observation, truth, labels = client_update(
+                data, model, images, cfg, client, args.seed, args.normalize
+            )
             for name in args.attacks:
                 attack_cls = ATTACKS.get(name)
-                params = parse_table(
-                    attack_cls.Params, {"steps": args.steps, "restarts": args.restarts}
+                budget = {"steps": args.steps, "restarts": args.restarts}
+                fields = {f.name for f in dataclasses.fields(attack_cls.Params)}
+                params = parse_table(  # a closed-form attack (adam-signs) has no budget
+                    attack_cls.Params, {k: v for k, v in budget.items() if k in fields}
                 )
                 start = time.perf_counter()
                 try:
@@ -122,6 +154,7 @@ def main() -> None:
                         "attack": name,
                         "client": client,
                         "recovered": hits,
+                        "found": rec.details.get("found", ""),
                         "median_psnr": statistics.median(score.per_image_psnr),
                         "label_accuracy": score.label_accuracy,
                         "seconds": seconds,

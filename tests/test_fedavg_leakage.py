@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from client_updates import CLIENT_SEED, real_update
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting, Observation
@@ -22,39 +23,18 @@ from fedsim.core.config import (
 )
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
-from fedsim.core.models import InputSpec, build_model
-from fedsim.core.training import batch_indices, train_local
+from fedsim.core.training import batch_indices
 from fedsim.scenario.portfolio import RECONSTRUCTION_REACH, budget, reconstruction_refusal
 
 BUNDLE = load_dataset(DataConfig())
-SPEC = InputSpec(1, 32, 10)
 MODEL = ModelConfig("lenet-zhu", "uniform")
-CLIENT_SEED = 101  # the client's private shuffling seed: only the test knows it
 
 
 def _update(
     cfg: ClientConfig, images: int, seed: int
 ) -> tuple[Observation, torch.Tensor, torch.Tensor]:
     """A client's real update on ``images`` real digits of distinct classes, and its truth."""
-    idx = torch.tensor([7 + 397 * k + seed for k in range(images)])
-    x, y = BUNDLE.train_images[idx], BUNDLE.train_labels[idx]
-    model = build_model(MODEL, SPEC, seed=seed)
-    sent = {k: v.detach().clone() for k, v in model.named_parameters()}
-    train_local(model, x, y, cfg, seed=CLIENT_SEED)
-    observation = Observation(
-        round=1,
-        client_id=0,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v.detach().clone() for k, v in model.named_parameters()},
-        global_params=sent,
-        model=MODEL,
-        input_spec=SPEC,
-        normalization=BUNDLE.normalization,
-        train_config=cfg,
-        num_examples=images,
-    )
-    return observation, x, y
+    return real_update(BUNDLE, MODEL, cfg, images, seed)
 
 
 def test_each_epoch_gets_its_own_dummies_and_the_true_order_reproduces_the_update() -> None:

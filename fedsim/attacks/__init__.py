@@ -11,6 +11,7 @@ The public classes at package level::
 
 from __future__ import annotations
 
+from fedsim.attacks.adam_signs import AdamSigns
 from fedsim.attacks.aligned import AlignedDLG
 from fedsim.attacks.analytic import AnalyticFC
 from fedsim.attacks.base import Attack, Observation, Reconstruction
@@ -37,6 +38,7 @@ __all__ = [
     "LLG",
     "RGAP",
     "SAPAG",
+    "AdamSigns",
     "AlignedDLG",
     "AnalyticFC",
     "Attack",

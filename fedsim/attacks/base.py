@@ -75,6 +75,24 @@ class AttackSetting:
 
 
 @dataclass(frozen=True)
+class PublicData:
+    """Labelled examples the server holds and no client ever trains on.
+
+    The public half of the dataset's held-out split (the other half gives the
+    membership candidates' non-members): images in model-input space (the
+    public normalisation applied), labels ``(N,)`` long. What an attack may use
+    to calibrate (shadow updates, a label method's impact, a reconstruction
+    prior, ...).
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True)
 class Observation:
     """What the server intercepted from one client in one round."""
 
@@ -97,6 +115,9 @@ class Observation:
     # An aggregate's examples per summed client (public: each reply's reported size and
     # the round's config); empty for one client's upload, whose size is ``num_examples``.
     summed_examples: tuple[int, ...] = ()
+    # The server's public data, granted only to an attack that declares it reads them
+    # (:attr:`Attack.reads_public`: a prior fitted on them), never client data.
+    public: PublicData | None = None
 
     @property
     def source(self) -> str:
@@ -162,6 +183,8 @@ class Attack(ABC):
     """
 
     Params: ClassVar[type]
+    # Whether the audit grants :attr:`Observation.public` (the server's public data).
+    reads_public: ClassVar[bool] = False
 
     def __init__(self, params: Any, device: torch.device | str = "cpu") -> None:
         self.params = params

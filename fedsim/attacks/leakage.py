@@ -29,30 +29,13 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from fedsim.attacks.base import AttackSetting, Observation
+from fedsim.attacks.base import AttackSetting, Observation, PublicData
 from fedsim.core.registry import Registry
 
 LeakKind = Literal["labels", "membership", "representatives"]
 """The kinds of leak besides reconstruction (``reconstruction`` is the attacks')."""
 
 LEAK_KINDS: tuple[LeakKind, ...] = ("labels", "membership", "representatives")
-
-
-@dataclass(frozen=True)
-class PublicData:
-    """Labelled examples the server holds and no client ever trains on.
-
-    The public half of the dataset's held-out split (the other half gives the
-    membership candidates' non-members): images in model-input space (the
-    public normalisation applied), labels ``(N,)`` long. What an attack may use
-    to calibrate (shadow updates, a label method's impact, ...).
-    """
-
-    images: torch.Tensor
-    labels: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.labels)
 
 
 @dataclass(frozen=True)

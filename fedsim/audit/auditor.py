@@ -115,9 +115,13 @@ class _Job:
         return "client " + "/".join(str(v.client) for v in self.victims)
 
 
-def _as_seen_by(attack: Resolved, victim: _Victim) -> _Victim:
+def _as_seen_by(attack: Resolved, victim: _Victim, pool: AuditPool | None) -> _Victim:
     """The victim as ``attack`` observes it: an attack with ``batchnorm = "known"``
-    is granted the batch statistics (its premise), no other attack is."""
+    is granted the batch statistics (its premise), no other attack is; an attack that
+    reads public data (:attr:`~fedsim.attacks.base.Attack.reads_public`) is granted the
+    server's public half of the held-out split, no other attack is."""
+    if attack.cls.reads_public and pool is not None:
+        victim = replace(victim, observation=replace(victim.observation, public=pool.public))
     if victim.truth is not None and getattr(attack.params, "batchnorm", None) == "known":
         return replace(
             victim, observation=reveal_batch_statistics(victim.observation, victim.truth)
@@ -314,7 +318,11 @@ class Auditor:
     ) -> None:
         for attack in attacks:
             reach = self._reach(attack)
-            seen = [_as_seen_by(attack, v) for v in victims if v.observation.num_examples <= reach]
+            seen = [
+                _as_seen_by(attack, v, self.pool)
+                for v in victims
+                if v.observation.num_examples <= reach
+            ]
             tasks = min(len(seen), self.cfg.workers)
             for first in range(tasks):
                 self._submit(_Job(server_round, attack, seen[first::tasks], counterfactual))

@@ -457,8 +457,9 @@ class AuditConfig:
     workers: int = 1
     threads_per_attack: int = 1
     num_gpus: float = 0.0
-    # Reconstruction stops here: 5 is the largest client an image was recovered from
-    # (bench/fedavg_leakage.py; fedsim.scenario.portfolio.RECONSTRUCTION_REACH).
+    # Optimising reconstruction stops here: 5 is the largest client an image was recovered
+    # from by one (bench/fedavg_leakage.py; fedsim.scenario.portfolio.RECONSTRUCTION_REACH);
+    # a closed-form attack reads up to its own max_batch.
     max_images: int = 5
     seed: int = 0
     precision: Literal["float32", "float64"] = "float32"  # attacks' arithmetic (no TF32)

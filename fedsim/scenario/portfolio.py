@@ -38,6 +38,7 @@ from fedsim.core.registry import Registry
 
 PORTFOLIO = (
     "analytic-fc",
+    "adam-signs",
     "spear",
     "box-vertices",
     "cocktail-party",
@@ -74,9 +75,10 @@ _RESTARTS = {"grnn": 1}  # the others: 2 (restarts are batched; GRNN's run one a
 _LIKE_DLG = ("unrolled-dlg", "aligned-dlg")  # DLG's optimiser and objective scale
 
 RECONSTRUCTION_REACH = 5
-"""The largest client (in images) from whose update an image was recovered at 20 dB: 3 of 10
-Fashion-MNIST images at 5 per client; none at 10 (bench/fedavg_leakage.py,
-docs/attacks.md#reach-on-real-multi-step-updates)."""
+"""The largest client (in images) from whose update an optimisation attack recovered an image
+at 20 dB: 3 of 10 Fashion-MNIST images at 5 per client; none at 10 (bench/fedavg_leakage.py,
+docs/attacks.md#reach-on-real-multi-step-updates). A closed-form attack reaches as far as its
+own ``max_batch`` (``adam-signs``: Adam clients of up to 512 images, measured there too)."""
 
 
 def reconstruction_refusal(images: int) -> str | None:

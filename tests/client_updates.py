@@ -1,0 +1,46 @@
+"""A client's real multi-step update on real digits, as the server observes it (for tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from fedsim.attacks.base import Observation, PublicData
+from fedsim.core.config import ClientConfig, ModelConfig
+from fedsim.core.data import DatasetBundle
+from fedsim.core.models import InputSpec, build_model
+from fedsim.core.training import train_local
+
+CLIENT_SEED = 101  # the client's private shuffling seed: only the test knows it
+
+
+def real_update(
+    bundle: DatasetBundle,
+    model_cfg: ModelConfig,
+    cfg: ClientConfig,
+    images: int,
+    seed: int,
+    public: PublicData | None = None,
+) -> tuple[Observation, torch.Tensor, torch.Tensor]:
+    """A client's update (fedsim's own ``train_local``) on ``images`` training digits of
+    distinct classes, from a model drawn with ``seed``; its images (model space) and labels."""
+    spec = InputSpec(bundle.channels, bundle.image_size, bundle.num_classes)
+    idx = torch.tensor([7 + 397 * k + seed for k in range(images)])
+    x, y = bundle.train_images[idx], bundle.train_labels[idx]
+    model = build_model(model_cfg, spec, seed=seed)
+    sent = {k: v.detach().clone() for k, v in model.named_parameters()}
+    train_local(model, x, y, cfg, seed=CLIENT_SEED)
+    observation = Observation(
+        round=1,
+        client_id=0,
+        threat_model="update",
+        shared_kind="update",
+        shared={k: v.detach().clone() for k, v in model.named_parameters()},
+        global_params=sent,
+        model=model_cfg,
+        input_spec=spec,
+        normalization=bundle.normalization,
+        train_config=cfg,
+        num_examples=images,
+        public=public,
+    )
+    return observation, x, y
