@@ -13,9 +13,10 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
+from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LeakInput
 from fedsim.audit.candidates import AuditPool, draw_candidates
-from fedsim.core.config import ScenarioError, load_scenario
+from fedsim.core.config import DataConfig, ScenarioError, load_scenario, scenario_from_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.leak_metrics import score_labels, score_membership
 from fedsim.core.protocol import LeakRecord
@@ -50,6 +51,19 @@ def test_the_pool_halves_the_held_out_split_and_no_client_trains_on_it() -> None
     # The clients train on the training tensors only: none of the pool is among them.
     trained = {tuple(x.flatten().tolist()[::37]) for x in bundle.train_images}
     assert not (public | outside) & trained
+
+
+@pytest.mark.parametrize("dataset", ["cifar10-samples", "fashion-mnist-samples", "lfw-faces"])
+def test_a_dataset_whose_test_images_are_its_training_images_has_no_held_out_split(
+    dataset: str,
+) -> None:
+    """foolbox's 20 samples and the LFW faces are attack targets: train and test coincide,
+    so the audit gets no public data and no non-members from them."""
+    bundle = load_dataset(DataConfig(dataset=dataset, image_size=32))
+    assert torch.equal(bundle.train_images, bundle.test_images)
+    scenario = scenario_from_dict({"name": "x", "data": {"dataset": dataset, "image-size": 32}})
+    assert not AttackSetting.of(scenario, None).held_out
+    assert AttackSetting.of(scenario_from_dict({"name": "x"}), None).held_out
 
 
 def test_candidates_keep_the_victims_class_mix_and_hide_who_is_a_member() -> None:

@@ -364,7 +364,8 @@ class AdamSigns(AnalyticAttack):
             f"{key}.name",
             cls.name,
             f"fits its prior on the server's public data; data.dataset = "
-            f"{setting.data.dataset!r} is generated and has no held-out split",
+            f"{setting.data.dataset!r} has no held-out split (generated, or its test "
+            "images are its training images)",
         )
 
     @classmethod

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, require
-from fedsim.core.data import Normalization, generated_dataset
+from fedsim.core.data import Normalization, generated_dataset, load_raw
 from fedsim.core.models import InputSpec
 
 ThreatModel = Literal["probe", "update", "aggregate"]
@@ -54,7 +54,8 @@ class AttackSetting:
     threat_model: ThreatModel = "update"
     probe_batch_size: int = 1
     # The dataset has a held-out split no client trains on (the server's public data
-    # and the membership candidates' non-members); a generated dataset has none.
+    # and the membership candidates' non-members); a generated dataset has none, nor one
+    # whose test split is its training set (foolbox's samples, lfw-faces).
     held_out: bool = True
 
     @classmethod
@@ -70,7 +71,7 @@ class AttackSetting:
             audit.enabled,
             audit.threat_model,
             audit.probe_batch_size,
-            generated_dataset(scenario.data) is None,
+            generated_dataset(scenario.data) is None and load_raw(scenario.data).held_out,
         )
 
 

@@ -128,7 +128,7 @@ def _foolbox_samples(prefix: str, num_classes: int) -> Loader:
         images = np.stack([np.asarray(Image.open(f), dtype=np.float32) / 255.0 for f in files])
         labels = np.array([int(f.stem.rsplit("_", 1)[1]) for f in files], dtype=np.int64)
         # 20 test images: they are the attack targets, so train and test coincide.
-        return RawDataset(images, labels, images, labels, num_classes)
+        return RawDataset(images, labels, images, labels, num_classes, held_out=False)
 
     return load
 
@@ -149,7 +149,7 @@ def _lfw_faces(cfg: DataConfig) -> RawDataset:
 
     faces = lfw_subset()[:100].astype(np.float32)  # the first 100 are faces
     labels = np.zeros(len(faces), dtype=np.int64)
-    return RawDataset(faces, labels, faces, labels, 1)
+    return RawDataset(faces, labels, faces, labels, 1, held_out=False)
 
 
 _MNIST_FILES = (

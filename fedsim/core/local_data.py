@@ -87,7 +87,9 @@ def _raw(
             images, labels = images[~mask], labels[~mask]
             columns = {name: values[~mask] for name, values in columns.items()}
         else:  # under five images a class: too few to hold any out, train and test coincide
-            test = images, labels
+            return RawDataset(
+                images, labels, images, labels, num_classes, train_columns=columns, held_out=False
+            )
     return RawDataset(images, labels, test[0], test[1], num_classes, train_columns=columns)
 
 

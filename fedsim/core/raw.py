@@ -24,3 +24,6 @@ class RawDataset:
     # Per-sample columns of the training set besides the label (a writer id), by name:
     # what Flower Datasets' partitioners may split by (partition-by = "writer").
     train_columns: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # Whether the test split is disjoint from the training images. Where they coincide (a
+    # few shipped attack targets) the audit has no public data and no non-members.
+    held_out: bool = True
