@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fedsim.attacks.base import Observation, PublicData
@@ -29,7 +31,23 @@ def real_update(
     model = build_model(model_cfg, spec, seed=seed)
     sent = {k: v.detach().clone() for k, v in model.named_parameters()}
     train_local(model, x, y, cfg, seed=CLIENT_SEED)
-    observation = Observation(
+    observation = observed_update(model, sent, model_cfg, spec, bundle, cfg, images, public=public)
+    return observation, x, y
+
+
+def observed_update(
+    model: torch.nn.Module,
+    sent: dict[str, torch.Tensor],
+    model_cfg: ModelConfig,
+    spec: InputSpec,
+    bundle: DatasetBundle,
+    cfg: ClientConfig,
+    num_examples: int,
+    **fields: Any,
+) -> Observation:
+    """What the server observes of client 0 in round 1 after it trained ``model`` from
+    ``sent``: the trained parameters as its update (``fields``: further Observation fields)."""
+    return Observation(
         round=1,
         client_id=0,
         threat_model="update",
@@ -40,7 +58,6 @@ def real_update(
         input_spec=spec,
         normalization=bundle.normalization,
         train_config=cfg,
-        num_examples=images,
-        public=public,
+        num_examples=num_examples,
+        **fields,
     )
-    return observation, x, y

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from client_updates import observed_update
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation
@@ -29,19 +30,7 @@ def _two_step_update(seed: int) -> tuple[Observation, torch.Tensor, torch.Tensor
     model = build_model(MODEL, SPEC, seed=seed)
     sent = {k: v.detach().clone() for k, v in model.named_parameters()}
     train_local(model, images, labels, cfg, seed=seed)
-    observation = Observation(
-        round=1,
-        client_id=0,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v.detach().clone() for k, v in model.named_parameters()},
-        global_params=sent,
-        model=MODEL,
-        input_spec=SPEC,
-        normalization=BUNDLE.normalization,
-        train_config=cfg,
-        num_examples=2,
-    )
+    observation = observed_update(model, sent, MODEL, SPEC, BUNDLE, cfg, 2)
     return observation, BUNDLE.normalization.to_pixels(images), labels
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from client_updates import observed_update
 
 from fedsim.attacks import resolve_attack
 from fedsim.attacks.base import Observation
@@ -61,19 +62,9 @@ def _update(
     for k in range(-(-count // cfg.batch_size)):
         part = slice(k * cfg.batch_size, (k + 1) * cfg.batch_size)
         train_local(model, images[part], labels[part], ordered, seed=seed, loss_fn=loss)
-    observation = Observation(
-        round=1,
-        client_id=0,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v.detach().clone() for k, v in model.named_parameters()},
-        global_params=sent,
-        model=MODEL,
-        input_spec=SPEC,
-        normalization=BUNDLE.normalization,
-        train_config=dataclasses.replace(cfg, local_steps=-(-count // cfg.batch_size)),
-        num_examples=count,
-        proximal_mu=proximal_mu,
+    stepped = dataclasses.replace(cfg, local_steps=-(-count // cfg.batch_size))
+    observation = observed_update(
+        model, sent, MODEL, SPEC, BUNDLE, stepped, count, proximal_mu=proximal_mu
     )
     return observation, GroundTruth(BUNDLE.normalization.to_pixels(images), labels)
 
