@@ -193,6 +193,10 @@ def test_label_analyses_refuse_a_strategy_that_never_uploads_the_output_bias() -
         LEAKS.get("logit-shift").check_setting(
             setting("fedsplit", ("classifier.",)), "leaks.labels"
         )
+    # Its public images would be a client's own where the test split is the training set.
+    with pytest.raises(ScenarioError, match=r"leaks\.labels\.name = .*no held-out split"):
+        LEAKS.get("logit-shift").check_setting(setting(held_out=False), "leaks.labels")
+    LLG.check_setting(setting(held_out=False), "leaks.labels")  # LLG reads no data
 
 
 # Membership -----------------------------------------------------------------------------

@@ -275,7 +275,8 @@ class LogitShift(LeakAnalysis):
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """Refuse an update without the whole model (the logits need every layer), a
-        probe (no updated model), and a model whose output bias is never uploaded."""
+        probe (no updated model), a model whose output bias is never uploaded, and data
+        without a held-out split (no public images that are not a client's)."""
         check_output_layer(setting, key, "logit-shift")
         require(
             setting.uploads is None and setting.threat_model in ("update", "aggregate"),
@@ -284,6 +285,14 @@ class LogitShift(LeakAnalysis):
             "compares the uploaded model's logits with the sent one's: needs the whole "
             f"model's update (strategy {setting.strategy!r}, threat model "
             f"{setting.threat_model!r})",
+        )
+        require(
+            setting.held_out,
+            f"{key}.name",
+            "logit-shift",
+            f"reads the logits' shift on the server's public data; dataset "
+            f"{setting.data.dataset!r} has no held-out split (generated, or its test images "
+            "are its training images)",
         )
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> LabelLeak:
