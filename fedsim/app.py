@@ -121,7 +121,14 @@ def main(grid: Grid, context: Context) -> None:
     save_model(arrays, run_dir)
     departures = components.strategy.cls.departures(components.strategy.params)
     console.print(
-        write_summary(scenario, recorder.rows, run_dir, recorder.wall_seconds, departures)
+        write_summary(
+            scenario,
+            recorder.rows,
+            run_dir,
+            recorder.wall_seconds,
+            departures,
+            components.audit.notes,
+        )
     )
     console.print(f"report: {write_run_report(run_dir)}")
 

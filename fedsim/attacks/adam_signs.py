@@ -82,6 +82,7 @@ from fedsim.attacks.replay import replay_refusal
 from fedsim.attacks.vertices import first_linear_layer
 from fedsim.core.config import ClientConfig, require
 from fedsim.core.data import Normalization
+from fedsim.core.threat import ONE_UPDATE
 
 NAME = "adam-signs"
 NEIGHBOURHOOD = 3  # a pixel's binary 3x3 neighbourhood indexes the prior's table
@@ -344,18 +345,11 @@ class AdamSigns(AnalyticAttack):
     # "Adam's sign patterns"): the audit runs it on updates up to this size.
     max_batch = 512
     reads_public = True
+    threat_models = ONE_UPDATE  # a sum of updates is not Adam-normalised; a probe no update
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """One client's Adam update through a shared first linear layer, public data."""
-        seen = {"probe": "a gradient", "aggregate": "a sum of updates, not Adam-normalised"}
-        require(
-            setting.threat_model == "update",
-            f"{key}.name",
-            cls.name,
-            f"reads one client's Adam update (audit.threat-model = 'update'); "
-            f"{setting.threat_model!r} gives {seen.get(setting.threat_model, 'no update')}",
-        )
         refusal = adam_refusal(setting.client)
         require(refusal is None, f"{key}.name", cls.name, str(refusal))
         cls.check_architecture(setting, key)

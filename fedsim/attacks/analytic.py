@@ -61,6 +61,7 @@ from fedsim.attacks.optim import BatchedAdamW
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import ClientConfig, require
 from fedsim.core.models import InputSpec, SplitNet, build_model
+from fedsim.core.threat import ThreatModel
 
 INVERTED = 1e-4
 """A feature inversion whose relative error ``||E(x) - f||^2 / ||f||^2`` is at most this
@@ -83,7 +84,7 @@ def setting_batch(setting: AttackSetting, attack: str, key: str) -> int | None:
     client = setting.client
     if not setting.audited:
         return None
-    if setting.threat_model == "probe":
+    if setting.threat_model == ThreatModel.PROBE:
         return setting.probe_batch_size
     require(
         plain_sgd(client),

@@ -15,24 +15,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, require
 from fedsim.core.data import Normalization, generated_dataset, load_raw
 from fedsim.core.models import InputSpec
-
-ThreatModel = Literal["probe", "update", "aggregate"]
-"""``probe``: the gradient of one batch at the sent model. ``update``: the real reply.
-``aggregate``: only the example-weighted mean of the round's replies, what a server behind
-secure aggregation learns (:data:`AGGREGATE_CLIENT` in place of a client id)."""
+from fedsim.core.threat import ALL_THREAT_MODELS, SharedKind, ThreatModel
 
 AGGREGATE_CLIENT = -1
-"""The ``client_id`` of an ``aggregate`` observation: it is no one client's upload."""
-
-SharedKind = Literal["gradient", "update"]
-"""Whether ``Observation.shared`` holds gradients or updated parameters (signs differ)."""
+"""The ``client_id`` of an observation under a threat model that hides replies
+(:attr:`~fedsim.core.threat.ThreatModel.hides_replies`): it is no one client's upload."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +45,15 @@ class AttackSetting:
     strategy: str
     uploads: tuple[str, ...] | None
     audited: bool = True
-    threat_model: ThreatModel = "update"
+    threat_model: ThreatModel = ThreatModel.UPDATE
     probe_batch_size: int = 1
     # The dataset has a held-out split no client trains on (the server's public data
     # and the membership candidates' non-members); a generated dataset has none, nor one
     # whose test split is its training set (foolbox's samples, lfw-faces).
     held_out: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threat_model", ThreatModel(self.threat_model))
 
     @classmethod
     def of(cls, scenario: Scenario, uploads: tuple[str, ...] | None) -> AttackSetting:
@@ -119,6 +116,9 @@ class Observation:
     # The server's public data, granted only to an attack that declares it reads them
     # (:attr:`Attack.reads_public`: a prior fitted on them), never client data.
     public: PublicData | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threat_model", ThreatModel(self.threat_model))
 
     @property
     def source(self) -> str:
@@ -186,6 +186,9 @@ class Attack(ABC):
     Params: ClassVar[type]
     # Whether the audit grants :attr:`Observation.public` (the server's public data).
     reads_public: ClassVar[bool] = False
+    # The threat models whose observations it reads; under the others it is refused in
+    # one line (:func:`fedsim.scenario.applicability.check_applies`), or left out of "auto".
+    threat_models: ClassVar[frozenset[ThreatModel]] = ALL_THREAT_MODELS
 
     def __init__(self, params: Any, device: torch.device | str = "cpu") -> None:
         self.params = params

@@ -48,6 +48,7 @@ from fedsim.attacks.matching import (
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.replay import check_replayable_setting
 from fedsim.core.config import require
+from fedsim.core.threat import ONE_UPDATE
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class FedAvgLeakage(GradientMatchingAttack):
 
     Params = FedAvgLeakageParams
     params: FedAvgLeakageParams
+    threat_models = ONE_UPDATE  # a probe is a gradient, an aggregate several updates
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:

@@ -54,6 +54,7 @@ from fedsim.core.config import require
 from fedsim.core.gan import NOISE_DIM, ConditionalGenerator
 from fedsim.core.models import SplitNet, build_model
 from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.threat import ONE_UPDATE
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class GeneratorRepresentatives(LeakAnalysis):
     params: GeneratorRepresentativesParams
     kind = "representatives"
     every_client = False
+    threat_models = ONE_UPDATE  # the uploaded generator and classifier; a probe has none
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
@@ -127,13 +129,6 @@ class GeneratorRepresentatives(LeakAnalysis):
         name = "generator-representatives"
         check_generator_uploaded(setting, key, name)
         check_output_layer(setting, key, name)
-        require(
-            setting.threat_model == "update",
-            f"{key}.name",
-            name,
-            "reads the uploaded generator and classifier; the probe threat model shares a "
-            "gradient instead",
-        )
         require(
             setting.held_out,
             f"{key}.name",

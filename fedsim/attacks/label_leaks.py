@@ -63,6 +63,7 @@ from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, last_
 from fedsim.attacks.leakage import LEAKS, LabelLeak, Leak, LeakAnalysis, LeakInput, PublicData
 from fedsim.core.config import require
 from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.threat import UPDATES
 
 
 def check_output_layer(setting: AttackSetting, key: str, name: str) -> str:
@@ -271,6 +272,7 @@ class LogitShift(LeakAnalysis):
     Params = LogitShiftParams
     params: LogitShiftParams
     kind = "labels"
+    threat_models = UPDATES  # an updated model's logits: a probe has none
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
@@ -279,12 +281,11 @@ class LogitShift(LeakAnalysis):
         without a held-out split (no public images that are not a client's)."""
         check_output_layer(setting, key, "logit-shift")
         require(
-            setting.uploads is None and setting.threat_model in ("update", "aggregate"),
+            setting.uploads is None,
             f"{key}.name",
             "logit-shift",
             "compares the uploaded model's logits with the sent one's: needs the whole "
-            f"model's update (strategy {setting.strategy!r}, threat model "
-            f"{setting.threat_model!r})",
+            f"model's update (strategy {setting.strategy!r} shares only part of it)",
         )
         require(
             setting.held_out,

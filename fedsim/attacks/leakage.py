@@ -31,6 +31,7 @@ import torch
 
 from fedsim.attacks.base import AttackSetting, Observation, PublicData
 from fedsim.core.registry import Registry
+from fedsim.core.threat import ALL_THREAT_MODELS, ThreatModel
 
 LeakKind = Literal["labels", "membership", "representatives"]
 """The kinds of leak besides reconstruction (``reconstruction`` is the attacks')."""
@@ -126,6 +127,9 @@ class LeakAnalysis(ABC):
     every_client: ClassVar[bool] = True
     # Whether `audit.leaks = "auto"` runs it (an expensive one is opted into by name).
     in_auto: ClassVar[bool] = True
+    # The threat models whose observations it reads (refused under the others, in one
+    # line, by :func:`fedsim.scenario.applicability.check_applies`).
+    threat_models: ClassVar[frozenset[ThreatModel]] = ALL_THREAT_MODELS
 
     def __init__(self, params: Any, device: torch.device | str = "cpu") -> None:
         self.params = params

@@ -33,16 +33,17 @@ from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.gradients import target_gradient, victim_model
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakAnalysis, LeakInput, MembershipLeak
 from fedsim.core.config import require
+from fedsim.core.threat import UPDATES
 
 
 def check_whole_model_update(setting: AttackSetting, key: str, name: str) -> None:
     """Refuse settings without the whole model's update or without a held-out split."""
     require(
-        setting.uploads is None and setting.threat_model in ("update", "aggregate"),
+        setting.uploads is None,
         f"{key}.name",
         name,
         "scores candidates against the whole model's update; strategy "
-        f"{setting.strategy!r} (threat model {setting.threat_model!r}) does not upload it",
+        f"{setting.strategy!r} does not upload it",
     )
     require(
         setting.held_out,
@@ -83,6 +84,7 @@ class MembershipAnalysis(LeakAnalysis):
     params: MembershipParams
     kind = "membership"
     needs_candidates = True
+    threat_models = UPDATES  # a model update: one client's, or the round's mean
     name: ClassVar[str]
 
     @classmethod

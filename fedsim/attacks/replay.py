@@ -78,17 +78,8 @@ def replay_refusal(cfg: ClientConfig) -> str | None:
 
 
 def check_replayable_setting(setting: AttackSetting, key: str, attack: str) -> None:
-    """Refuse, for ``attack``, a setting whose server holds no one client's update it
-    can replay: a probe (a gradient), an aggregate (several clients' updates summed), or
-    local training :func:`replay_refusal` refuses."""
-    seen = {"probe": "a gradient", "aggregate": "the sum of several clients' updates"}
-    require(
-        setting.threat_model == "update",
-        f"{key}.name",
-        attack,
-        f"replays one client's update; audit.threat-model = {setting.threat_model!r} gives "
-        + seen.get(setting.threat_model, "no update"),
-    )
+    """Refuse, for ``attack``, local training :func:`replay_refusal` refuses (one client's
+    own update, which it replays, is its declared threat model: ``ONE_UPDATE``)."""
     refusal = replay_refusal(setting.client)
     require(refusal is None, f"{key}.name", attack, f"cannot replay: {refusal}")
 

@@ -28,11 +28,14 @@ from fedsim.attacks.matching import (
 )
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.replay import check_replayable_setting
+from fedsim.core.threat import ONE_UPDATE
 
 
 @ATTACKS.register("unrolled-dlg")
 class UnrolledDLG(DLG):
     """DLG matching a replayed multi-step local SGD update."""
+
+    threat_models = ONE_UPDATE  # a probe is a gradient, an aggregate several updates
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:

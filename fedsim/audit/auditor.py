@@ -16,7 +16,7 @@ Each audited round arrives as the server intercepted it, every reply read once
   (``bench/dlg_throughput.py``: 3.9x the evaluations per second of one at a
   time). Closed-form attacks run on the driver thread.
 
-Under ``audit.threat-model = "aggregate"`` (secure aggregation's view) a round is one
+Under a threat model hiding replies (``aggregate``: secure aggregation's view) a round is one
 observation, the example-weighted mean of its replies, analysed and attacked as one
 upload on all the summed clients' examples and scored against all of them.
 
@@ -46,7 +46,7 @@ import torch
 from flwr.app import ArrayRecord
 from rich.console import Console
 
-from fedsim.attacks.base import AGGREGATE_CLIENT, Observation, ThreatModel
+from fedsim.attacks.base import AGGREGATE_CLIENT, Observation
 from fedsim.attacks.leakage import LeakInput, PublicData, RepresentativesLeak
 from fedsim.audit.canaries import CanaryAudit
 from fedsim.audit.candidates import AuditPool, draw_candidates
@@ -72,6 +72,7 @@ from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
 from fedsim.core.protocol import RoundRecord
 from fedsim.core.seeds import SeedStream, choose, derive_seed
+from fedsim.core.threat import ThreatModel
 from fedsim.core.truth import GroundTruth, TruthSource
 
 PROGRESS_POLL = 1.0  # seconds between progress checks while waiting for attacks
@@ -152,7 +153,7 @@ class Auditor:
         ``probe`` threat model is unavailable. ``pool``: the held-out split's public
         half and non-members (:class:`~fedsim.audit.candidates.AuditPool`); leak
         analyses need it. ``canaries``: the canary client's candidates (a one-run audit)."""
-        probing = cfg.threat_model == "probe" or bool(probe_attacks)
+        probing = cfg.threat_model.counterfactual or bool(probe_attacks)
         if truth is None and probing:
             raise ValueError(
                 "the probe threat model computes client gradients: it needs a truth source"
@@ -197,7 +198,7 @@ class Auditor:
         if self.cfg.audits_round(server_round):
             threat = self.cfg.threat_model
             every = any(a.cls.every_client for a in self.leaks)
-            if threat == "aggregate":  # one observation: the round's sum
+            if threat.hides_replies:  # one observation: the round's mean
                 audited, seen = [AGGREGATE_CLIENT], {AGGREGATE_CLIENT: self._sum(intercepted)}
             else:
                 audited = chosen
@@ -210,8 +211,9 @@ class Auditor:
             victims = [seen[p] for p in audited]
             self._note_unreachable(victims)
             self._submit_attacks(server_round, self.attacks, victims)
-        if server_round in self.cfg.probe_rounds and self.cfg.threat_model != "probe":
-            probed = [self._victim(intercepted, intercepted.reply(p), "probe") for p in chosen]
+        if self.probe_attacks and server_round in self.cfg.probe_rounds:
+            probe = ThreatModel.PROBE
+            probed = [self._victim(intercepted, intercepted.reply(p), probe) for p in chosen]
             self._submit_attacks(server_round, self.probe_attacks, probed, counterfactual=True)
 
     def _victim(
@@ -219,7 +221,7 @@ class Auditor:
     ) -> _Victim:
         """One client's observation under ``threat``, with its truth (the scorer's)."""
         probe, truth = None, None
-        if threat == "probe":
+        if threat.counterfactual:
             assert self.truth is not None  # checked in __init__
             size = self.cfg.probe_batch_size
             sent = ArrayRecord(intercepted.sent)
@@ -431,6 +433,8 @@ class Auditor:
         if truth is None or source is None or "layer" not in leak.details:
             return truth
         sent = ArrayRecord({**observation.global_params, **observation.extra_sent})
+        # A probe's truth is its batch, the first examples of the round's.
+        probed = observation.num_examples if observation.threat_model.counterfactual else None
         features = [
             source.layer_inputs(
                 partition,
@@ -438,6 +442,7 @@ class Auditor:
                 observation.train_config,
                 sent,
                 str(leak.details["layer"]),
+                probed,
             )
             for partition in analysed.partitions
         ]

@@ -33,7 +33,7 @@ from rich.console import Console
 from torch import nn
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.base import Attack, Observation, Reconstruction, SharedKind
+from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.attacks.registry import resolve_attack
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ProbeGradient, ServerView
@@ -59,6 +59,7 @@ from fedsim.core.metrics import ReconstructionScore
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.protocol import AuditRecord, kebab
 from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.threat import SharedKind, ThreatModel
 from fedsim.core.truth import GroundTruth, probe_gradient
 from fedsim.outputs.figures import draw_pairs, scored_pairs
 from fedsim.outputs.progress import AttackProgressLines
@@ -126,7 +127,7 @@ def gradient_probe(
     # The probe's client uploads nothing beside it: its gradient is all the server sees.
     reply = InterceptedReply(client_id, len(inputs), len(inputs), config, {})
     observation = view.observe(
-        sent, reply, "probe", ProbeGradient(shared, len(inputs)), shared_kind=shared_kind
+        sent, reply, ThreatModel.PROBE, ProbeGradient(shared, len(inputs)), shared_kind=shared_kind
     )
     truth = GroundTruth(normalization.to_pixels(inputs.detach().cpu()).clamp(0, 1), labels.cpu())
     return Probe(observation, truth)

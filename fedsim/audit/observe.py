@@ -23,11 +23,12 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from fedsim.attacks.base import AGGREGATE_CLIENT, Observation, SharedKind, ThreatModel
+from fedsim.attacks.base import AGGREGATE_CLIENT, Observation
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ModelConfig
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec, batch_statistics, build_model
+from fedsim.core.threat import SharedKind, ThreatModel
 from fedsim.core.training import client_config_from_record, examples_touched
 from fedsim.core.truth import GroundTruth
 
@@ -152,7 +153,7 @@ class ServerView:
         names = self.parameter_names
         shared = {k: v for k, v in reply.arrays.items() if k in names}
         num_examples = reply.examples_touched
-        if threat_model == "probe":
+        if threat_model == ThreatModel.PROBE:
             assert probe is not None, "a probe observation needs the probe gradient"
             wanted = shared or probe.gradient
             shared = {k: probe.gradient[k] for k in wanted if k in probe.gradient}
@@ -162,7 +163,7 @@ class ServerView:
             round=intercepted.round,
             client_id=reply.partition,
             threat_model=threat_model,
-            shared_kind=shared_kind or ("gradient" if threat_model == "probe" else "update"),
+            shared_kind=shared_kind or threat_model.shared_kind,
             shared=shared,
             global_params={k: v for k, v in sent.items() if k in names},
             model=self.model,
@@ -188,7 +189,7 @@ class ServerView:
             config=intercepted.config,
             arrays=intercepted.aggregate(),
         )
-        observation = self.observe(intercepted, summed, "aggregate")
+        observation = self.observe(intercepted, summed, ThreatModel.AGGREGATE)
         return dataclasses.replace(observation, summed_examples=touched)
 
 

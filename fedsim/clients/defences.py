@@ -125,7 +125,8 @@ class Defence:
     :meth:`protect` post-processes the update a client uploads;
     :meth:`protect_gradient` the gradient a probed client shares;
     :meth:`training` may change local training (DP-SGD). A defence with ``probe_only``
-    acts only on a probed gradient, so validation refuses it under other threat models.
+    acts only on a probed gradient, so validation refuses it under other threat models
+    (:func:`fedsim.scenario.applicability.check_defence_threat`).
     """
 
     Params: ClassVar[type]
@@ -607,17 +608,10 @@ def defence_chain(client: ClientSpec) -> list[Defence]:
     return [resolved.create() for resolved in client.defences]
 
 
-def check_defences(client: ClientSpec, strategy: str, threat_model: str | None = None) -> None:
-    """The client's defences fit it, ``strategy`` and the audit's ``threat_model`` (``None``:
-    no audit) (combinations, the model)."""
+def check_defences(client: ClientSpec, strategy: str) -> None:
+    """The client's defences fit it and ``strategy`` (combinations, the model; against the
+    audit's threat model: :func:`fedsim.scenario.applicability.check_defence_threat`)."""
     for resolved, defence in zip(client.defences, defence_chain(client), strict=True):
-        require(
-            not defence.probe_only or threat_model == "probe",
-            resolved.key,
-            resolved.name,
-            f"{resolved.name} perturbs one shared gradient, as its paper evaluates it: it needs "
-            f'[audit] with threat-model = "probe" (got {threat_model or "no audit"})',
-        )
         defence.check(client, strategy, resolved.key)
     names = [d.name for d in client.defences]
     require(names.count("dp-sgd") <= 1, "defences", names, "list dp-sgd at most once")

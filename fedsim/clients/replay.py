@@ -83,11 +83,13 @@ class ClientReplay:
         config: ClientConfig,
         sent: ArrayRecord,
         layer: str,
+        probed: int | None = None,
     ) -> torch.Tensor:
         """The input of module ``layer`` of the client's own model (private extractor from
-        its state) for each example of :meth:`update_batch`, one flattened row each."""
+        its state) for each example of :meth:`update_batch` (its first ``probed``: the
+        batch :meth:`probe` takes), one flattened row each."""
         env = self._env(partition)
-        local = self._used_indices(env, server_round, config)
+        local = self._used_indices(env, server_round, config)[:probed]
         images, _ = env.train_data
         model = self.routine.build(env, sent).cpu().eval()
         captured: list[torch.Tensor] = []

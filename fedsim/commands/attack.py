@@ -128,6 +128,8 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
     from fedsim.core.data import DATASETS, generated_dataset
     from fedsim.core.devices import pick_device
     from fedsim.core.models import INITS, MODELS
+    from fedsim.core.threat import ThreatModel
+    from fedsim.scenario.applicability import check_applies
     from fedsim.scenario.validate import check_model_fits
 
     require(experiment.batch_size >= 1, "--batch-size", experiment.batch_size, "must be >= 1")
@@ -180,10 +182,10 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
         DataConfig(dataset=experiment.dataset, image_size=experiment.image_size),
         "fedavg",
         uploads=None,
-        threat_model="probe" if experiment.shared == "gradient" else "update",
+        threat_model=ThreatModel.PROBE if experiment.shared == "gradient" else ThreatModel.UPDATE,
         probe_batch_size=experiment.batch_size,
     )
-    experiment.resolved_attack().cls.check_setting(probed, "--attack")
+    check_applies(experiment.resolved_attack(), probed, "--attack")
     return experiment
 
 

@@ -27,6 +27,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import EnumMeta
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -34,6 +35,7 @@ from fedsim.core.errors import ScenarioError
 from fedsim.core.errors import first_line as first_line  # re-exported
 from fedsim.core.plugins import is_path, require_module_name
 from fedsim.core.registry import Registry, UnknownNameError
+from fedsim.core.threat import ThreatModel
 
 T = TypeVar("T")
 
@@ -84,8 +86,8 @@ def require_file_name(name: str, key: str) -> None:
 
 def _describe(tp: Any) -> str:
     origin = get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin is Literal or isinstance(tp, EnumMeta):
+        return "one of " + ", ".join(repr(a) for a in (get_args(tp) or tp))
     if origin in (types.UnionType, typing.Union):
         return " or ".join(_describe(a) for a in get_args(tp))
     if origin is tuple:
@@ -103,6 +105,9 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if origin is Literal:
         require(value in get_args(tp), key, value, f"must be {_describe(tp)}")
         return value
+    if isinstance(tp, EnumMeta):  # a str enum (the threat model): its values are the names
+        require(value in tuple(tp), key, value, f"must be {_describe(tp)}")
+        return tp(value)
     if origin in (types.UnionType, typing.Union):
         for option in get_args(tp):
             try:
@@ -429,10 +434,9 @@ class AuditConfig:
     # The other kinds of leak (labels, membership, class representatives): analysis
     # tables, "auto" (every registered analysis that applies), or [] for none.
     leaks: tuple[ComponentConfig, ...] | Literal["auto"] = AUTO
-    # "update": each reply as the server receives it; "probe": one batch's gradient at the
-    # sent model; "aggregate": only the example-weighted mean of the round's replies (what
-    # secure aggregation reveals), one observation a round on all the summed clients' data.
-    threat_model: Literal["update", "probe", "aggregate"] = "update"
+    # What the server observes (fedsim.core.threat): each reply, one batch's gradient at the
+    # sent model, or only the example-weighted mean of the round's replies.
+    threat_model: ThreatModel = ThreatModel.UPDATE
     # Rounds whose victims are also probed, as a counterfactual: the reconstruction
     # attacks run on one batch's gradient at the sent model, which the server of an
     # ``update`` audit never receives (labelled "probe" in every output).
@@ -494,13 +498,6 @@ class AuditConfig:
             "canary-clients",
             self.canary_clients,
             "must be 0 (off) or >= 2 (the estimate fits the inserted canaries' spread)",
-        )
-        require(
-            not (self.canaries and self.threat_model == "aggregate"),
-            "canaries",
-            self.canaries,
-            "audit one client's records (its membership scores); under threat-model = "
-            '"aggregate" no client\'s own update is seen: set canaries = 0 or another threat model',
         )
         require_seed(self.seed, "seed")
 

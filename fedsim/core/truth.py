@@ -55,9 +55,11 @@ class TruthSource(Protocol):
         config: ClientConfig,
         sent: ArrayRecord,
         layer: str,
+        probed: int | None = None,
     ) -> torch.Tensor:
         """The input of module ``layer`` of the client's own model (its private layers
-        included) for each example of :meth:`update_batch`, one flattened row each."""
+        included) for each example of :meth:`update_batch` (its first ``probed``: the
+        batch :meth:`probe` takes), one flattened row each."""
         ...
 
 

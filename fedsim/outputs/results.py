@@ -166,6 +166,7 @@ def write_summary(
     run_dir: Path,
     wall_seconds: float,
     departures: Sequence[str] = (),
+    audit_notes: Sequence[str] = (),
 ) -> str:
     """A short markdown summary of the run (also returned for printing).
 
@@ -173,7 +174,9 @@ def write_summary(
     session of a resumed run); the rounds' own seconds are given beside it.
     ``departures``: where the strategy's settings depart from what its authors
     ran (``EngineHooks.departures``, e.g. FedCG's compressed gamma ramp), one
-    line each in the summary and kept in ``run.json`` for the report.
+    line each in the summary and kept in ``run.json`` for the report. ``audit_notes``:
+    what the audit's ``"auto"`` left out and why, and degenerate audit settings
+    (:func:`fedsim.scenario.applicability.audit_notes`), one line each.
     """
     last = rows[-1] if rows else {}
     best = max((r.get(protocol.TEST_ACC, math.nan) for r in rows), default=math.nan)
@@ -199,6 +202,7 @@ def write_summary(
     lines += central_dp_lines(scenario, rows)
     lines += epsilon_lines(rows)
     lines += audit_summary_lines(run_dir)
+    lines += [f"- audit: {line}" for line in audit_notes]
     text = "\n".join(lines) + "\n"
     (run_dir / SUMMARY_FILE).write_text(text)
     info = {WALL_SECONDS: wall_seconds, DEPARTURES: list(departures)}

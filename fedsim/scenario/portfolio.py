@@ -35,6 +35,8 @@ from fedsim.core.config import (
     require,
 )
 from fedsim.core.registry import Registry
+from fedsim.core.threat import ThreatModel
+from fedsim.scenario.applicability import check_applies, left_out, shares_nothing
 
 PORTFOLIO = (
     "analytic-fc",
@@ -94,7 +96,7 @@ def reconstruction_refusal(images: int) -> str | None:
 def replays_updates(setting: AttackSetting) -> bool:
     """Whether the server can replay the clients' local training (updates, a known optimiser
     state: :func:`fedsim.attacks.replay.replay_refusal`)."""
-    return setting.threat_model == "update" and replay_refusal(setting.client) is None
+    return setting.threat_model == ThreatModel.UPDATE and replay_refusal(setting.client) is None
 
 
 def budget(name: str, setting: AttackSetting) -> dict[str, Any]:
@@ -125,20 +127,33 @@ class AuditPlan:
     attacks: tuple[Resolved, ...] = ()
     leaks: tuple[Resolved, ...] = ()
     probe_attacks: tuple[Resolved, ...] = ()
+    # For the run's summary: what "auto" left out and why, and degenerate settings
+    # (:func:`fedsim.scenario.applicability.audit_notes`).
+    notes: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """Whether it runs no attack and no leak analysis in any round."""
+        return not (self.attacks or self.leaks or self.probe_attacks)
 
 
-def resolve_audit(audit: AuditConfig, setting: AttackSetting) -> AuditPlan:
-    """``audit`` in ``setting``, resolved (:func:`resolve_attacks`, :func:`resolve_leaks`).
+def resolve_audit(
+    audit: AuditConfig, setting: AttackSetting, notes: list[str] | None = None
+) -> AuditPlan:
+    """``audit`` in ``setting``, resolved (:func:`resolve_attacks`, :func:`resolve_leaks`);
+    what ``"auto"`` leaves out is added to ``notes``.
 
     With ``probe-rounds`` in an ``update`` audit, a listed attack runs under each threat
     model it applies to (``analytic-fc`` on the probe only, say) and is refused only
     where it applies to neither."""
-    leaks = resolve_leaks(audit, setting)
-    if not audit.probe_rounds or audit.threat_model == "probe":
-        return AuditPlan(resolve_attacks(audit, setting), leaks)
-    probed = dataclasses.replace(setting, threat_model="probe")
+    leaks = resolve_leaks(audit, setting, notes)
+    if not audit.probe_rounds or audit.threat_model == ThreatModel.PROBE:
+        return AuditPlan(resolve_attacks(audit, setting, notes), leaks)
+    probed = dataclasses.replace(setting, threat_model=ThreatModel.PROBE)
     if audit.attacks == AUTO:
-        return AuditPlan(resolve_attacks(audit, setting), leaks, resolve_attacks(audit, probed))
+        # The probe's portfolio is a counterfactual beside the audit: its left-outs unsaid.
+        attacks = resolve_attacks(audit, setting, notes)
+        return AuditPlan(attacks, leaks, resolve_attacks(audit, probed))
     settings = (setting, probed)
     runs: tuple[list[Resolved], list[Resolved]] = ([], [])
     for i, attack in enumerate(audit.attacks):
@@ -147,7 +162,7 @@ def resolve_audit(audit: AuditConfig, setting: AttackSetting) -> AuditPlan:
         refusals = []
         for setting, chosen in zip(settings, runs, strict=True):
             try:
-                resolved.cls.check_setting(setting, key)
+                check_applies(resolved, setting, key)
                 chosen.append(resolved)
             except ScenarioError as err:
                 refusals.append(err)
@@ -156,9 +171,12 @@ def resolve_audit(audit: AuditConfig, setting: AttackSetting) -> AuditPlan:
     return AuditPlan(tuple(runs[0]), leaks, tuple(runs[1]))
 
 
-def resolve_attacks(audit: AuditConfig, setting: AttackSetting) -> tuple[Resolved, ...]:
+def resolve_attacks(
+    audit: AuditConfig, setting: AttackSetting, notes: list[str] | None = None
+) -> tuple[Resolved, ...]:
     """The attacks ``audit`` runs in ``setting``, resolved: its list (each checked, a bad
-    one raises), or for ``"auto"`` the portfolio's that apply (possibly none).
+    one raises), or for ``"auto"`` the portfolio's that apply (possibly none; those left
+    out are added to ``notes``).
 
     The threat model is ``setting``'s (``audit.threat-model``, or the probe of
     ``audit.probe-rounds``).
@@ -170,36 +188,43 @@ def resolve_attacks(audit: AuditConfig, setting: AttackSetting) -> tuple[Resolve
             for i, attack in enumerate(attacks)
         )
     names = [name for name in PORTFOLIO if name in ATTACKS.names()]
-    return _applying(ATTACKS, "audit.attacks", names, setting, lambda n: budget(n, setting))
+    budgets = {name: budget(name, setting) for name in names}
+    return _applying(ATTACKS, "audit.attacks", budgets, setting, notes)
 
 
-def resolve_leaks(audit: AuditConfig, setting: AttackSetting) -> tuple[Resolved, ...]:
+def resolve_leaks(
+    audit: AuditConfig, setting: AttackSetting, notes: list[str] | None = None
+) -> tuple[Resolved, ...]:
     """The leak analyses ``audit`` runs in ``setting``, resolved: its list (each checked),
-    or for ``"auto"`` every registered analysis that applies, at its defaults."""
+    or for ``"auto"`` every registered analysis that applies, at its defaults (those left
+    out are added to ``notes``)."""
     leaks = audit.leaks
     if leaks != AUTO:
         return tuple(
             _checked(LEAKS, leak, f"audit.leaks[{i}]", setting) for i, leak in enumerate(leaks)
         )
     names = [name for name in LEAKS.names() if LEAKS.get(name).in_auto]
-    return _applying(LEAKS, "audit.leaks", names, setting, lambda _: {})
+    return _applying(LEAKS, "audit.leaks", {name: {} for name in names}, setting, notes)
 
 
 def _applying(
     registry: Registry[Any],
     key: str,
-    names: list[str],
+    params: dict[str, dict[str, Any]],
     setting: AttackSetting,
-    params: Any,
+    notes: list[str] | None,
 ) -> tuple[Resolved, ...]:
-    """``names`` resolved with ``params(name)``, keeping those whose ``check_setting`` accepts."""
+    """Each name of ``params`` resolved with its parameters, keeping those that apply
+    (:func:`~fedsim.scenario.applicability.check_applies`); the others go to ``notes``."""
     chosen = []
-    for name in names:
+    for name, table in params.items():
         where = f"{key} (auto: {name})"
-        component = resolve(registry, ComponentConfig(name, params(name)), where)
+        component = resolve(registry, ComponentConfig(name, table), where)
         try:
-            component.cls.check_setting(setting, where)
-        except ScenarioError:
+            check_applies(component, setting, where)
+        except ScenarioError as err:
+            if notes is not None:
+                notes.append(left_out(key, name, err))
             continue  # does not apply here
         chosen.append(component)
     return tuple(chosen)
@@ -210,13 +235,16 @@ def _checked(
 ) -> Resolved:
     """The component is registered, its parameters are valid, and the server sees what it needs."""
     resolved = resolve(registry, component, key)
-    resolved.cls.check_setting(setting, key)
+    check_applies(resolved, setting, key)
     return resolved
 
 
-def check_audit(audit: AuditConfig, fed: FederationConfig, setting: AttackSetting) -> AuditPlan:
+def check_audit(
+    audit: AuditConfig, fed: FederationConfig, setting: AttackSetting, notes: tuple[str, ...] = ()
+) -> AuditPlan:
     """Audit victims and rounds lie inside the federation ``fed``; every attack and leak
-    analysis can see its target in ``setting``. Returns them, resolved."""
+    analysis can see its target in ``setting``. Returns them, resolved, with ``notes`` and
+    what ``"auto"`` left out for the summary (nothing at all where nothing is shared)."""
     for victim in audit.victim_ids:
         require(
             0 <= victim < fed.num_clients,
@@ -232,7 +260,10 @@ def check_audit(audit: AuditConfig, fed: FederationConfig, setting: AttackSettin
             list(rounds),
             f"rounds are 1 to {fed.rounds} (federation.rounds); {late} would audit nothing",
         )
-    plan = resolve_audit(audit, setting)
+    if shares_nothing(setting.uploads):
+        return AuditPlan(notes=notes)
+    left: list[str] = []
+    plan = dataclasses.replace(resolve_audit(audit, setting, left), notes=(*notes, *left))
     require(
         bool(plan.attacks or plan.leaks or audit.canary_clients),
         "audit.attacks",

@@ -5,7 +5,8 @@ ranges, finite numbers, seeds). Here, what it means, in two steps:
 
 - :func:`check_components`: every name a scenario gives is registered, every
   component's parameters are valid, the components fit together (strategy,
-  defences, attacks, audit victims and rounds) and the model's shapes work at
+  defences, attacks, audit victims and rounds; the pairs are
+  :mod:`fedsim.scenario.applicability`'s) and the model's shapes work at
   the image size (a dry forward pass on PyTorch's ``meta`` device: shapes
   only, no memory). Needs no data and no hardware.
 - :func:`check_machine`: this machine can run it: its GPUs exist, its Ray
@@ -58,6 +59,12 @@ from fedsim.core.partition import (
 )
 from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
+from fedsim.scenario.applicability import (
+    audit_notes,
+    check_defence_threat,
+    check_strategy_threat,
+    check_threat_options,
+)
 from fedsim.scenario.components import Components, client_spec
 from fedsim.scenario.machine import check_data_fits, check_gpu_request, check_resources
 from fedsim.scenario.portfolio import AuditPlan, check_audit
@@ -161,29 +168,6 @@ def check_stragglers(
     )
 
 
-def check_aggregate_audit(
-    scenario: Scenario, strategy: str, strategy_cls: type[EngineHooks]
-) -> None:
-    """An ``aggregate`` audit needs a strategy whose server reads only the weighted mean of
-    the replies (what secure aggregation reveals), over every reply (no stragglers dropped)."""
-    if not (scenario.audit.enabled and scenario.audit.threat_model == "aggregate"):
-        return
-    able = sorted(name for name in STRATEGIES.names() if STRATEGIES.get(name).weighted_mean)
-    require(
-        strategy_cls.weighted_mean,
-        "audit.threat-model",
-        "aggregate",
-        f"strategy {strategy!r} reads replies one by one, which secure aggregation hides; "
-        f"these read only their weighted mean: {', '.join(able)}",
-    )
-    require(
-        scenario.federation.stragglers == 0,
-        "audit.threat-model",
-        "aggregate",
-        "the strategy leaves stragglers out of its mean: set federation.stragglers = 0",
-    )
-
-
 def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[EngineHooks]) -> None:
     """Flower's central DP calibrates its noise to the plain mean of every sampled client's
     clipped update, and scales and noises every uploaded array."""
@@ -205,14 +189,6 @@ def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[Engin
         value,
         "Flower's accountant counts every sampled client in each release; set "
         "federation.stragglers = 0 and failures.fraction = 0",
-    )
-    require(
-        not (scenario.audit.enabled and scenario.audit.threat_model == "aggregate")
-        or central.clipping == "client",
-        key,
-        value,
-        "server-side clipping reads each reply, which secure aggregation (audit.threat-model = "
-        '"aggregate") hides; use clipping = "client"',
     )
     spec = _image_spec(scenario.data.image_size, scenario.data.channels == "rgb")
     with torch.device("meta"):
@@ -284,16 +260,19 @@ def check_components(scenario: Scenario) -> Components:
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
     strategy.cls.check_scenario(scenario)
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
-    check_aggregate_audit(scenario, strategy.name, strategy.cls)
+    check_strategy_threat(scenario.audit, scenario.federation, strategy.name, strategy.cls)
+    check_threat_options(scenario.audit, scenario.central_dp)
     check_central_dp(scenario, strategy.name, strategy.cls)
     check_canary_clients(scenario)
     client = client_spec(scenario, partitioner, generator)
     audit_threat = scenario.audit.threat_model if scenario.audit.enabled else None
-    check_defences(client, scenario.strategy.name, audit_threat)
+    check_defence_threat(client.defences, audit_threat)
+    check_defences(client, scenario.strategy.name)
     audit = AuditPlan()
     if scenario.audit.enabled:
         setting = AttackSetting.of(scenario, strategy.cls.shared_prefixes)
-        audit = check_audit(scenario.audit, scenario.federation, setting)
+        notes = audit_notes(scenario.audit, scenario.federation, strategy.name, strategy.cls)
+        audit = check_audit(scenario.audit, scenario.federation, setting, notes)
     return Components(scenario, strategy, client, audit)
 
 

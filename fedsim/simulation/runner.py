@@ -233,7 +233,8 @@ def serve(
     strategy = build_strategy(components, server)
     evaluate_fn = server.evaluate if components.strategy.cls.global_model else None
     observers: tuple[Auditor, ...] = ()
-    if scenario.audit.enabled:
+    audit = scenario.audit
+    if audit.enabled and not (components.audit.empty and audit.canary_clients == 0):
         auditor = _auditor(components, server, recorder.run_dir, console)
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
     logs = (TensorBoardLog(recorder),) if scenario.log.tensorboard else ()
@@ -421,7 +422,12 @@ def _finish(
     departures = components.strategy.cls.departures(components.strategy.params)
     console.print(
         write_summary(
-            components.scenario, recorder.rows, run_dir, recorder.wall_seconds, departures
+            components.scenario,
+            recorder.rows,
+            run_dir,
+            recorder.wall_seconds,
+            departures,
+            components.audit.notes,
         )
     )
     console.print(f"report: {write_run_report(run_dir)}")
