@@ -34,6 +34,7 @@ from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import AUDIT_FILE, new_run_dir
+from fedsim.scenario.applicability import check_applies
 from fedsim.scenario.components import client_spec
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.scenario.validate import check_components
@@ -162,15 +163,16 @@ def test_it_refuses_clients_it_cannot_read_in_one_line(client: dict, why: str) -
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ({"threat_model": "probe"}, "gives a gradient"),
-        ({"threat_model": "aggregate"}, "not Adam-normalised"),
+        ({"threat_model": "probe"}, "'probe' gives one batch's gradient"),
+        ({"threat_model": "aggregate"}, "'aggregate' gives the example-weighted mean"),
         ({"model": ModelConfig("lenet5-split")}, "first linear layer with a bias"),
         ({"held_out": False}, "no held-out split"),
     ],
 )
 def test_it_refuses_settings_without_what_it_reads_in_one_line(change: dict, why: str) -> None:
     with pytest.raises(ScenarioError, match=why) as refused:
-        AdamSigns.check_setting(dataclasses.replace(_setting(), **change), "audit.attacks[0]")
+        setting = dataclasses.replace(_setting(), **change)
+        check_applies(AdamSigns, "adam-signs", setting, "audit.attacks[0]")
 
     assert "\n" not in str(refused.value)
 

@@ -112,7 +112,10 @@ def test_box_vertices_reads_most_of_a_two_client_aggregate_and_the_leaks_read_it
         ({"strategy": {"name": "fedcg"}, "model": {"name": "lenet5-split"}}, "one by one"),
         ({"federation": {"stragglers": 0.5}, "client": {"local-epochs": 2}}, "stragglers"),
         ({"audit": {"canaries": 10}}, "no client's own update"),
-        ({"audit": {"attacks": [{"name": "fedavg-leakage"}]}}, "sum of several clients"),
+        (
+            {"audit": {"attacks": [{"name": "fedavg-leakage"}]}},
+            "'aggregate' gives the example-weighted mean",
+        ),
     ],
 )
 def test_an_aggregate_audit_the_strategy_cannot_give_is_refused_in_one_line(

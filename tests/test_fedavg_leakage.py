@@ -24,6 +24,7 @@ from fedsim.core.config import (
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.training import batch_indices
+from fedsim.scenario.applicability import check_applies
 from fedsim.scenario.portfolio import RECONSTRUCTION_REACH, budget, reconstruction_refusal
 
 BUNDLE = load_dataset(DataConfig())
@@ -80,9 +81,10 @@ def test_it_refuses_a_probe_and_a_private_optimiser_state_in_one_line(
     )
 
     FedAvgLeakage.check_setting(AttackSetting.of(update, None), "audit.attacks[0]")
-    for refused, why in ((probe, "gives a gradient"), (kept, "cannot know it")):
+    for refused, why in ((probe, "'probe' gives one batch's gradient"), (kept, "cannot know it")):
         with pytest.raises(ScenarioError, match=why):
-            FedAvgLeakage.check_setting(AttackSetting.of(refused, None), "audit.attacks[0]")
+            setting = AttackSetting.of(refused, None)
+            check_applies(FedAvgLeakage, "fedavg-leakage", setting, "audit.attacks[0]")
 
 
 def _recovered(name: str, observation: Observation, x: torch.Tensor, y: torch.Tensor) -> int:

@@ -38,6 +38,7 @@ from fedsim.core.gan import build_gan_split_net
 from fedsim.core.leak_metrics import RepresentativeScore, score_representatives
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import train_local
+from fedsim.scenario.applicability import check_applies
 from fedsim.scenario.validate import check_components
 from fedsim.scenarios import scenario_path
 
@@ -154,7 +155,7 @@ def test_generator_representatives_refuses_where_no_generator_is_uploaded() -> N
         (dataclasses.replace(base, held_out=False), "held-out"),
     ):
         with pytest.raises(ScenarioError, match=rf"{re.escape(key)}\.name = .*{match}"):
-            GeneratorRepresentatives.check_setting(refused, key)
+            check_applies(GeneratorRepresentatives, "generator-representatives", refused, key)
     assert LEAKS.get("generator-representatives") is GeneratorRepresentatives
 
 

@@ -21,6 +21,7 @@ from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.leak_metrics import score_labels, score_membership, score_representatives
 from fedsim.core.models import InputSpec, SplitNet, build_model
 from fedsim.core.training import train_local
+from fedsim.scenario.applicability import check_applies
 
 SPEC = InputSpec(1, 32, 10)
 MODEL = ModelConfig("lenet5-split")
@@ -259,12 +260,12 @@ def test_membership_refuses_partial_uploads_probes_and_data_without_held_out_spl
         analysis.check_setting(setting(), "leaks.membership")
         refused = [
             (setting("fedsplit", ("classifier.",)), "whole model"),
-            (setting(threat_model="probe"), "whole model"),
+            (setting(threat_model="probe"), "'probe' gives one batch's gradient"),
             (setting(held_out=False), "held-out split"),
         ]
         for bad, reason in refused:
             with pytest.raises(ScenarioError, match=rf"leaks\.membership\.name = .*{reason}"):
-                analysis.check_setting(bad, "leaks.membership")
+                check_applies(analysis, name, bad, "leaks.membership")
 
 
 # Class representatives ------------------------------------------------------------------

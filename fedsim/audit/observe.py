@@ -150,6 +150,7 @@ class ServerView:
         the ``probe`` threat model ``probe``'s gradient on the same shared names (all the
         model's when the reply uploaded none). ``shared_kind`` defaults to what the threat
         model shares (a probe's gradients, a reply's update)."""
+        threat_model = ThreatModel(threat_model)  # a scenario's name for it, too
         names = self.parameter_names
         shared = {k: v for k, v in reply.arrays.items() if k in names}
         num_examples = reply.examples_touched

@@ -185,7 +185,8 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
         threat_model=ThreatModel.PROBE if experiment.shared == "gradient" else ThreatModel.UPDATE,
         probe_batch_size=experiment.batch_size,
     )
-    check_applies(experiment.resolved_attack(), probed, "--attack")
+    attack = experiment.resolved_attack()
+    check_applies(attack.cls, attack.name, probed, "--attack")
     return experiment
 
 

@@ -82,18 +82,10 @@ ONE_UPDATE = frozenset({ThreatModel.UPDATE})
 """One client's own update, as it arrives (replaying it, Adam's signs, its generator)."""
 
 
-def listed(models: frozenset[ThreatModel]) -> str:
-    """``models`` as a scenario would write them, in declaration order."""
-    return " or ".join(repr(m) for m in ThreatModel if m in models)
-
-
-def refusal(name: str, reads: frozenset[ThreatModel], threat: ThreatModel) -> str | None:
-    """One line refusing component ``name``, which reads ``reads``, under ``threat``;
-    ``None`` where it applies."""
+def refusal(reads: frozenset[ThreatModel], threat: ThreatModel) -> str | None:
+    """One line refusing a component that reads the threat models ``reads`` under
+    ``threat``, saying what would work instead; ``None`` where it applies."""
     if threat in reads:
         return None
-    seen = ", ".join(f"{m!r} gives {m.observes}" for m in ThreatModel if m in reads)
-    return (
-        f"does not read what audit.threat-model = {threat!r} gives ({threat.observes}); "
-        f"it reads {seen}: use threat-model = {listed(reads)}, or another attack or analysis"
-    )
+    works = " or ".join(f"{m.observes} (threat-model = {m!r})" for m in ThreatModel if m in reads)
+    return f"reads {works}; audit.threat-model = {threat!r} gives {threat.observes}"

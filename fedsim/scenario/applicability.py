@@ -18,7 +18,8 @@ clipping and the one-run canaries (:func:`check_threat_options`).
 
 from __future__ import annotations
 
-from fedsim.attacks.base import AttackSetting
+from fedsim.attacks.base import Attack, AttackSetting
+from fedsim.attacks.leakage import LeakAnalysis
 from fedsim.core.components import Resolved
 from fedsim.core.config import (
     AUTO,
@@ -31,6 +32,9 @@ from fedsim.core.config import (
 from fedsim.core.threat import ThreatModel, refusal
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineHooks
+
+Analysis = Attack | LeakAnalysis
+"""What reads the server's observations: a reconstruction attack or a leak analysis."""
 
 
 def shares_nothing(uploads: tuple[str, ...] | None) -> bool:
@@ -120,18 +124,19 @@ def check_defence_threat(defences: tuple[Resolved, ...], threat: ThreatModel | N
             defence.key,
             defence.name,
             f"{defence.name} perturbs one shared gradient, as its paper evaluates it: it needs "
-            f"[audit] with threat-model = {ThreatModel.PROBE!r} (got "
+            f'[audit] with threat-model = "{ThreatModel.PROBE}" (got '
             f"{'no audit' if threat is None else repr(threat)})",
         )
 
 
-def check_applies(component: Resolved, setting: AttackSetting, key: str) -> None:
-    """Attack or leak analysis x threat model (its declared ``threat_models``), then x the
-    strategy's uploads, the dataset and the model (its own ``check_setting``)."""
-    why = refusal(component.name, component.cls.threat_models, setting.threat_model)
+def check_applies(cls: type[Analysis], name: str, setting: AttackSetting, key: str) -> None:
+    """Attack or leak analysis ``cls`` (registered as ``name``) x the threat model (its
+    declared ``threat_models``), then x the strategy's uploads, the dataset and the model
+    (its own ``check_setting``)."""
+    why = refusal(cls.threat_models, setting.threat_model)
     if why is not None:
-        raise ScenarioError(f"{key}.name", component.name, why)
-    component.cls.check_setting(setting, key)
+        raise ScenarioError(f"{key}.name", name, why)
+    cls.check_setting(setting, key)
 
 
 def audit_notes(

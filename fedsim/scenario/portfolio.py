@@ -162,7 +162,7 @@ def resolve_audit(
         refusals = []
         for setting, chosen in zip(settings, runs, strict=True):
             try:
-                check_applies(resolved, setting, key)
+                check_applies(resolved.cls, resolved.name, setting, key)
                 chosen.append(resolved)
             except ScenarioError as err:
                 refusals.append(err)
@@ -221,7 +221,7 @@ def _applying(
         where = f"{key} (auto: {name})"
         component = resolve(registry, ComponentConfig(name, table), where)
         try:
-            check_applies(component, setting, where)
+            check_applies(component.cls, name, setting, where)
         except ScenarioError as err:
             if notes is not None:
                 notes.append(left_out(key, name, err))
@@ -235,7 +235,7 @@ def _checked(
 ) -> Resolved:
     """The component is registered, its parameters are valid, and the server sees what it needs."""
     resolved = resolve(registry, component, key)
-    check_applies(resolved, setting, key)
+    check_applies(resolved.cls, resolved.name, setting, key)
     return resolved
 
 
