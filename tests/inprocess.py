@@ -196,17 +196,23 @@ def _run(scenario: Scenario, state_dir: Path | None) -> InProcessRun:
     return run
 
 
+def inprocess_recorder(scenario: Scenario, out: Path) -> RunRecorder:
+    """The recorder of an in-process run of ``scenario``, in a new run folder under ``out``."""
+    run_dir = new_run_dir(scenario.output, scenario.name, out)
+    return RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
+
+
 def serve_inprocess(
-    scenario: Scenario, out: Path, components: Components
+    scenario: Scenario, out: Path, components: Components, recorder: RunRecorder | None = None
 ) -> tuple[InProcessGrid, RunRecorder]:
     """``components`` (validated from ``scenario``) served as a run serves them (strategy,
-    audit, recorder, run folder under ``out``) against the real ClientApp in process."""
-    run_dir = new_run_dir(scenario.output, scenario.name, out)
+    audit, recorder, run folder under ``out`` unless ``recorder``'s) against the real
+    ClientApp in process."""
     routine = STRATEGIES.get(scenario.strategy.name).client_routine
     grid = InProcessGrid(
         build_client_app(client_spec(scenario), routine, None), scenario.federation.num_clients
     )
-    recorder = RunRecorder(run_dir, scenario.federation.rounds, Console(quiet=True))
+    recorder = recorder or inprocess_recorder(scenario, out)
     with message_context():
         serve(grid, components, recorder, Console(quiet=True))  # type: ignore[arg-type]
     return grid, recorder

@@ -54,7 +54,7 @@ class RunCommand:
             # The file's form (TOML, keys, types, ranges) is checked before torch, Ray
             # and Flower are imported: a typo is refused in a fraction of a second.
             scenario = load_scenario(scenario_path(args.scenario), args.overrides)
-        from fedsim.simulation.runner import run_scenario
+        from fedsim.simulation.runner import RunFailed, run_scenario
         from fedsim.strategies.base import TooFewReplies
 
         try:
@@ -71,6 +71,9 @@ class RunCommand:
                 "continue with fedsim run --resume RUN_DIR",
                 file=sys.stderr,
             )
+            return 1
+        except RunFailed as err:
+            print(f"fedsim: error: {err}", file=sys.stderr)
             return 1
         return 0
 

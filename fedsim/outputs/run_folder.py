@@ -63,6 +63,9 @@ CHECKPOINT_DIR = "checkpoint"
 REPORT_FILE = "report.html"
 
 
+TRACEBACK_FILE = "traceback.txt"  # why a run that failed after its start stopped, in full
+
+
 RUN_INFO_FILE = "run.json"  # what a finished run measured about itself (wall seconds)
 
 

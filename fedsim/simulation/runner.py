@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from fedsim.audit.tasks import reserved_workers
 from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.clients.replay import ClientReplay
-from fedsim.core.config import BackendConfig, Scenario, scenario_to_dict
+from fedsim.core import protocol
+from fedsim.core.config import BackendConfig, Scenario, first_line, scenario_to_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.devices import gpu_if
 from fedsim.core.models import InputSpec
@@ -32,6 +34,7 @@ from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import RunRecorder, write_summary
 from fedsim.outputs.run_folder import (
     CLIENT_STATE_DIR,
+    TRACEBACK_FILE,
     check_out_folder,
     new_run_dir,
     save_model,
@@ -48,12 +51,17 @@ from fedsim.simulation.flower import actor_pool_size, quiet_flower, waiting_node
 from fedsim.simulation.lifecycle import RaySession, RunInterrupted, StopGuard, reap_orphans
 from fedsim.simulation.loop import RoundCallback, run_rounds
 from fedsim.simulation.resources import reserve_audit, start_ray
-from fedsim.strategies.base import FedsimStrategy, ServerResources
+from fedsim.strategies.base import FedsimStrategy, ServerResources, TooFewReplies
 from fedsim.strategies.central_dp import with_central_dp
 from fedsim.strategies.sampling import TAKE_EVERY_NODE, PartitionSampler, SampledGrid
 from fedsim.strategies.stragglers import StragglerPlan
 
 SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class RunFailed(RuntimeError):
+    """A run that failed after it started: one line saying what broke, what it kept and
+    where the full traceback is (:func:`keep_failed_run`)."""
 
 
 @dataclass
@@ -320,7 +328,9 @@ def _server_app(
             )
         except RunInterrupted as stop:  # not an error: the ServerApp ends, Flower stops
             outcome.put(stop)
-        except BaseException as err:  # re-raised in the caller's thread by _run
+        except Exception as err:  # the ServerApp ends, Flower stops; _finish raises it
+            outcome.put(err)
+        except BaseException as err:  # Ctrl-C, exit: Flower's to stop as well
             outcome.put(err)
             raise
 
@@ -416,19 +426,46 @@ def _finish(
         raise RuntimeError("the simulation ended without a result; see the log above")
     result = outcome.get()
     if isinstance(result, BaseException):
-        raise guard.interrupted() if guard.stop.is_set() else result
-    run_dir = recorder.run_dir
-    save_model(result, run_dir)
+        if guard.stop.is_set():
+            raise guard.interrupted() from result
+        if isinstance(result, TooFewReplies):  # the command says how to resume
+            raise result
+        raise keep_failed_run(result, components, recorder) from result
+    save_model(result, recorder.run_dir)
+    console.print(_write_outputs(components, recorder))
+    console.print(f"report: {write_run_report(recorder.run_dir)}")
+    return RunResult(recorder.run_dir, recorder.rows, result)
+
+
+def _write_outputs(components: Components, recorder: RunRecorder) -> str:
+    """The run's ``summary.md`` (its text returned) of the rounds ``recorder`` holds."""
     departures = components.strategy.cls.departures(components.strategy.params)
-    console.print(
-        write_summary(
-            components.scenario,
-            recorder.rows,
-            run_dir,
-            recorder.wall_seconds,
-            departures,
-            components.audit.notes,
-        )
+    return write_summary(
+        components.scenario,
+        recorder.rows,
+        recorder.run_dir,
+        recorder.wall_seconds,
+        departures,
+        components.audit.notes,
     )
-    console.print(f"report: {write_run_report(run_dir)}")
-    return RunResult(run_dir, recorder.rows, result)
+
+
+def keep_failed_run(err: BaseException, components: Components, recorder: RunRecorder) -> RunFailed:
+    """After ``err`` ended a started run: its full traceback in the run folder, the summary
+    and report of the rounds completed before it (their metrics and audit records are
+    written as each round ends), and the one line saying so."""
+    run_dir = recorder.run_dir
+    (run_dir / TRACEBACK_FILE).write_text("".join(traceback.format_exception(err)))
+    rounds = len(recorder.rows)
+    kept = "nothing to report"
+    if rounds:
+        _write_outputs(components, recorder)
+        write_run_report(run_dir)
+        last = recorder.rows[-1][protocol.ROUND]
+        kept = f"the summary and report of round{f's 1-{last}' if last > 1 else ' 1'} are"
+    return RunFailed(
+        f"the run failed after {rounds} complete round{'s' if rounds != 1 else ''} "
+        f"({type(err).__name__}: "
+        f"{first_line(err)}); {kept} in {run_dir}; the full traceback is in "
+        f"{run_dir / TRACEBACK_FILE}"
+    )
