@@ -228,7 +228,7 @@ LENET_ZHU = {"model": {"name": "lenet-zhu"}, "data": {"image-size": 32}}
         ("analytic-fc", {"client": {"local-steps": 0, "local-epochs": 1}}, "one local step"),
         ("analytic-fc", {"client": {"batch-size": 4}}, "at most 1"),
         ("analytic-fc", {"audit": {"threat-model": "probe", "probe-batch-size": 2}}, "at most 1"),
-        ("analytic-fc", {"strategy": {"name": "local"}}, "shares none"),
+        ("analytic-fc", {"strategy": {"name": "local"}}, "shares nothing with the server"),
         ("spear", {"model": {"name": "lenet5-split"}, "data": {"image-size": 32}}, "ReLU"),
         ("spear", {"strategy": {"name": "fedsplit"}}, "ReLU"),  # the first layer stays private
         ("spear", {"client": {"batch-size": 32}}, "at most 16"),

@@ -62,7 +62,7 @@ def test_lfw_faces_get_a_classifier_of_ten(tmp_path: Path) -> None:
         (["--batch-size", "3", "--num-images", "4"], "--num-images = 4"),
         # Closed-form attacks read one image: refused before any image is loaded.
         (["--attack", "analytic-fc", "--batch-size", "2", "--num-images", "2"], "at most 1"),
-        (["--attack", "unrolled-dlg"], "gives a gradient"),
+        (["--attack", "unrolled-dlg"], "gives one batch's gradient"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(

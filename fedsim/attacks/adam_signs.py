@@ -82,7 +82,7 @@ from fedsim.attacks.replay import replay_refusal
 from fedsim.attacks.vertices import first_linear_layer
 from fedsim.core.config import ClientConfig, require
 from fedsim.core.data import Normalization
-from fedsim.core.threat import ONE_UPDATE
+from fedsim.core.threat import ONE_UPDATE, SharedKind
 
 NAME = "adam-signs"
 NEIGHBOURHOOD = 3  # a pixel's binary 3x3 neighbourhood indexes the prior's table
@@ -383,7 +383,7 @@ class AdamSigns(AnalyticAttack):
     def checked_layer(self, observation: Observation, seed: int) -> str:
         """The shared first linear layer, refusing observations the attack cannot read."""
         refusal = adam_refusal(observation.train_config)
-        if observation.shared_kind != "update" or observation.summed_examples:
+        if observation.shared_kind != SharedKind.UPDATE or observation.summed_examples:
             refusal = "reads one client's update (not a gradient or a sum of updates)"
         if refusal is not None:
             raise ValueError(f"{self.name} {refusal}")

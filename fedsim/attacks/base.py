@@ -119,6 +119,7 @@ class Observation:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "threat_model", ThreatModel(self.threat_model))
+        object.__setattr__(self, "shared_kind", SharedKind(self.shared_kind))
 
     @property
     def source(self) -> str:

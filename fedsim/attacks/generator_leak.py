@@ -54,7 +54,7 @@ from fedsim.core.config import require
 from fedsim.core.gan import NOISE_DIM, ConditionalGenerator
 from fedsim.core.models import SplitNet, build_model
 from fedsim.core.seeds import SeedStream, derive_seed
-from fedsim.core.threat import ONE_UPDATE
+from fedsim.core.threat import ONE_UPDATE, SharedKind
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class GeneratorRepresentatives(LeakAnalysis):
         """Generated features per present class, inverted to images through E~."""
         start = time.perf_counter()
         observation, device = inputs.observation, self.device
-        if observation.shared_kind != "update":
+        if observation.shared_kind != SharedKind.UPDATE:
             raise ValueError("generator-representatives reads an update, not a probe gradient")
         generator = uploaded_generator(observation, device, "generator-representatives")
         model_seed = derive_seed(SeedStream.ATTACK_MODEL, seed)

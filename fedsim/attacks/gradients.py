@@ -16,6 +16,7 @@ from torch.func import functional_call
 from fedsim.attacks.base import Observation
 from fedsim.core.models import SplitNet, batchnorm_counts, batchnorm_layers, build_model
 from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.threat import SharedKind
 
 BatchNormKnowledge = Literal["none", "buffers", "known"]
 """What the attacker knows of the statistics a victim's BatchNorm layers used.
@@ -57,7 +58,7 @@ def victim_model(
             params[name] = value.detach().to(device=device, dtype=params[name].dtype).clone()
     if not batchnorm_layers(model):
         return model, params
-    if observation.shared_kind == "update":
+    if observation.shared_kind == SharedKind.UPDATE:
         # Running buffers dropped: every BatchNorm layer uses its batch's statistics.
         torch.func.replace_all_batch_norm_modules_(model)
         return model, params
@@ -106,7 +107,7 @@ def batchnorm_view(observation: Observation, batchnorm: BatchNormKnowledge) -> s
     """
     if not has_batchnorm(observation):
         return "no-batchnorm"
-    if observation.shared_kind == "gradient":
+    if observation.shared_kind == SharedKind.GRADIENT:
         return "sent-running"
     if batchnorm == "known":
         if observation.batch_statistics is None:
@@ -159,7 +160,7 @@ def target_gradient(observation: Observation, device: torch.device) -> dict[str,
     exactly; several steps give that sum of gradients divided by the number of
     steps, i.e. the update read as one large-batch step (an approximation).
     """
-    if observation.shared_kind == "gradient":
+    if observation.shared_kind == SharedKind.GRADIENT:
         return {k: v.detach().to(device) for k, v in observation.shared.items()}
     cfg = observation.train_config
     steps = max(1, local_steps_taken(observation))

@@ -45,6 +45,7 @@ from fedsim.attacks.matching import (
 )
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
+from fedsim.core.threat import SharedKind
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ class InvertingGradients(GradientMatchingAttack):
                 require_replayable(obs, "inverting-gradients")
         return super().reconstruct_many(observations, seed)
 
-    def _unrolls(self, shared_kind: str, steps: int) -> bool:
-        return self.params.unroll and shared_kind == "update" and steps > 1
+    def _unrolls(self, shared_kind: SharedKind, steps: int) -> bool:
+        return self.params.unroll and shared_kind == SharedKind.UPDATE and steps > 1
 
     @staticmethod
     def distance(

@@ -33,7 +33,7 @@ from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.gradients import target_gradient, victim_model
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakAnalysis, LeakInput, MembershipLeak
 from fedsim.core.config import require
-from fedsim.core.threat import UPDATES
+from fedsim.core.threat import UPDATES, SharedKind
 
 
 def check_whole_model_update(setting: AttackSetting, key: str, name: str) -> None:
@@ -97,9 +97,9 @@ class MembershipAnalysis(LeakAnalysis):
         start = time.perf_counter()
         candidates = need_candidates(inputs, self.name)
         observation = inputs.observation
-        if observation.shared_kind != "update" or not set(observation.global_params) <= set(
-            observation.shared
-        ):
+        if observation.shared_kind != SharedKind.UPDATE or not set(
+            observation.global_params
+        ) <= set(observation.shared):
             raise ValueError(f"{self.name} needs the whole model's update")
         step = self.params.chunk
         scores = torch.cat(

@@ -90,7 +90,7 @@ def gradient_probe(
     normalization: Normalization,
     *,
     shared_names: Sequence[str] | None = None,
-    shared_kind: SharedKind = "gradient",
+    shared_kind: SharedKind = SharedKind.GRADIENT,
     train_config: ClientConfig | None = None,
     round: int = 0,
     client_id: int = 0,
@@ -120,7 +120,7 @@ def gradient_probe(
         train_config or ClientConfig(), local_steps=1, batch_size=len(inputs)
     )
     shared = gradient
-    if shared_kind == "update":
+    if shared_kind == SharedKind.UPDATE:
         shared = {n: global_params[n] - config.lr * g for n, g in gradient.items()}
     view = ServerView(model_config, input_spec, normalization, strategy)
     sent = InterceptedRound(round, global_params, config, 0.0, ())
@@ -151,7 +151,7 @@ class AttackExperiment:
     batch_size: int = 1
     num_images: int = 8
     seed: int = 0
-    shared: SharedKind = "gradient"
+    shared: SharedKind = SharedKind.GRADIENT
     channels: Literal["native", "gray", "rgb"] = "native"
     image_size: int = 32
     num_classes: int | None = None

@@ -32,6 +32,7 @@ from fedsim.attacks.gradients import local_steps_taken
 from fedsim.attacks.matching import GradientMatchingAttack
 from fedsim.core.components import Resolved
 from fedsim.core.models import build_model
+from fedsim.core.threat import SharedKind
 from fedsim.core.truth import GroundTruth
 
 REPLAYING = ("unrolled-dlg", "fedavg-leakage")
@@ -86,12 +87,12 @@ def residual_note(
     model = build_model(observation.model, observation.input_spec)
     if any(n not in observation.global_params for n, _ in model.named_parameters()):
         return "private layers (an extractor): the attack uses a random estimate of them"
-    if observation.shared_kind == "update" and steps > 1 and not unrolls:
+    if observation.shared_kind == SharedKind.UPDATE and steps > 1 and not unrolls:
         return f"{steps}-step update read as one gradient step"
     reshuffled = cfg.local_steps == 0 and cfg.local_epochs > 1
     if (
         reshuffled
-        and observation.shared_kind == "update"
+        and observation.shared_kind == SharedKind.UPDATE
         and observation.num_examples > cfg.batch_size
     ):
         return "later epochs reshuffle batches the attacker cannot order"

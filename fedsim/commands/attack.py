@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedsim.commands import COMMANDS
 from fedsim.core.config import apply_overrides
+from fedsim.core.threat import SharedKind
 
 if TYPE_CHECKING:
     from fedsim.audit.experiment import AttackExperiment
@@ -46,8 +47,8 @@ class AttackCommand:
         )
         add(
             "--shared",
-            choices=["gradient", "update"],
-            default="gradient",
+            choices=[str(kind) for kind in SharedKind],
+            default=str(SharedKind.GRADIENT),
             help="the server sees the gradient, or the parameters after one SGD step",
         )
         add("--channels", choices=["native", "gray", "rgb"], default="native")
@@ -182,7 +183,9 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
         DataConfig(dataset=experiment.dataset, image_size=experiment.image_size),
         "fedavg",
         uploads=None,
-        threat_model=ThreatModel.PROBE if experiment.shared == "gradient" else ThreatModel.UPDATE,
+        threat_model=ThreatModel.PROBE
+        if experiment.shared == SharedKind.GRADIENT
+        else ThreatModel.UPDATE,
         probe_batch_size=experiment.batch_size,
     )
     attack = experiment.resolved_attack()

@@ -439,7 +439,7 @@ class AuditConfig:
     threat_model: ThreatModel = ThreatModel.UPDATE
     # Rounds whose victims are also probed, as a counterfactual: the reconstruction
     # attacks run on one batch's gradient at the sent model, which the server of an
-    # ``update`` audit never receives (labelled "probe" in every output).
+    # ``update`` audit never receives (labelled as the probe in every output).
     probe_rounds: tuple[int, ...] = ()
     # Membership candidates per victim: up to this many records it trained on this
     # round and as many non-members with its class mix from the held-out split.

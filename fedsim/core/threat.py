@@ -20,10 +20,16 @@ nothing heavy: the configuration parses ``audit.threat-model`` into it before to
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
 
-SharedKind = Literal["gradient", "update"]
-"""Whether an observation's tensors are gradients or updated parameters (signs differ)."""
+
+class SharedKind(StrEnum):
+    """Whether an observation's tensors are gradients or updated parameters (signs differ)."""
+
+    GRADIENT = "gradient"
+    UPDATE = "update"
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
 
 class ThreatModel(StrEnum):
@@ -53,7 +59,7 @@ class ThreatModel(StrEnum):
     @property
     def shared_kind(self) -> SharedKind:
         """What its observations hold: a probe's gradient, else updated parameters."""
-        return "gradient" if self is ThreatModel.PROBE else "update"
+        return SharedKind.GRADIENT if self is ThreatModel.PROBE else SharedKind.UPDATE
 
     @property
     def hides_replies(self) -> bool:

@@ -113,7 +113,8 @@ class EngineHooks(ABC):
     """Whether the aggregate is a whole model the server can test on held-out data."""
     weighted_mean: ClassVar[bool] = False
     """Whether the server reads the replies only through their example-weighted mean, all
-    that secure aggregation reveals (``audit.threat-model = "aggregate"`` needs it)."""
+    that secure aggregation reveals (a threat model hiding replies needs it:
+    :attr:`fedsim.core.threat.ThreatModel.hides_replies`)."""
     plain_mean: ClassVar[bool] = False
     """Whether the new global model is the weighted mean of the uploads itself (no server
     optimiser, no robust selection): Flower's central DP calibrates its noise to it."""

@@ -20,8 +20,8 @@ again.
 
 What it protects: the released global model (what clients and anyone given the model
 see). Flower's server draws the noise after aggregating, so a curious server sees each
-reply (``audit.threat-model = "update"``), or behind secure aggregation their sum
-(``"aggregate"``), before any noise; client-side clipping is what changes its view.
+reply (the ``update`` threat model), or behind secure aggregation their sum (the
+``aggregate`` one), before any noise; client-side clipping is what changes its view.
 """
 
 from __future__ import annotations
