@@ -61,7 +61,6 @@ from fedsim.attacks.optim import BatchedAdamW
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import ClientConfig, require
 from fedsim.core.models import InputSpec, SplitNet, build_model
-from fedsim.core.threat import SharedKind, ThreatModel
 
 INVERTED = 1e-4
 """A feature inversion whose relative error ``||E(x) - f||^2 / ||f||^2`` is at most this
@@ -84,7 +83,7 @@ def setting_batch(setting: AttackSetting, attack: str, key: str) -> int | None:
     client = setting.client
     if not setting.audited:
         return None
-    if setting.threat_model == ThreatModel.PROBE:
+    if setting.threat_model.counterfactual:  # a probe: one batch's gradient
         return setting.probe_batch_size
     require(
         plain_sgd(client),
@@ -113,7 +112,7 @@ def exact_gradient(observation: Observation, attack: str) -> dict[str, torch.Ten
     ValueError
         For several local steps or a step other than plain SGD.
     """
-    if observation.shared_kind == SharedKind.UPDATE:
+    if observation.is_update:
         cfg, steps = observation.train_config, local_steps_taken(observation)
         if steps != 1:
             raise ValueError(

@@ -129,6 +129,11 @@ class Observation:
         return f"client {self.client_id}"
 
     @property
+    def is_update(self) -> bool:
+        """Whether ``shared`` holds updated parameters (a reply), not gradients (a probe)."""
+        return self.shared_kind == SharedKind.UPDATE
+
+    @property
     def shared_names(self) -> list[str]:
         """Parameter names the victim uploaded (the attack's target layers)."""
         return list(self.shared)

@@ -107,7 +107,7 @@ class InvertingGradients(GradientMatchingAttack):
                 require_replayable(obs, "inverting-gradients")
         return super().reconstruct_many(observations, seed)
 
-    def _unrolls(self, shared_kind: SharedKind, steps: int) -> bool:
+    def _unrolls(self, shared_kind: str, steps: int) -> bool:
         return self.params.unroll and shared_kind == SharedKind.UPDATE and steps > 1
 
     @staticmethod

@@ -53,7 +53,6 @@ from fedsim.attacks.replay import Batch, local_batches, replay, replay_refusal
 from fedsim.core.config import ClientConfig, require
 from fedsim.core.models import SplitNet, recording_batch_statistics
 from fedsim.core.seeds import SeedStream, derive_seed
-from fedsim.core.threat import SharedKind
 
 OptimizerName = Literal["lbfgs", "adamw"]
 DEFAULT_LR: dict[str, float] = {"lbfgs": 1.0, "adamw": 1e-3}
@@ -219,7 +218,7 @@ class MatchingProblem:
     image_shape: tuple[int, int, int, int]  # (B, C, H, W)
     num_classes: int
     schedule: LocalSchedule
-    shared_kind: SharedKind  # a probe's gradient or a client's reply
+    shared_kind: str  # a SharedKind: a probe's gradient or a client's reply
     batchnorm: str  # how the attacker's model normalises (gradients.batchnorm_view)
 
 
@@ -654,7 +653,7 @@ def batchnorm_prior(
 
 def require_replayable(observation: Observation, attack: str) -> None:
     """Refuse an observation whose local training :func:`replay_local_training` cannot replay."""
-    if observation.shared_kind != SharedKind.UPDATE:
+    if not observation.is_update:
         raise ValueError(f"{attack} replays updates; this observation holds gradients")
     if observation.summed_examples:
         raise ValueError(
