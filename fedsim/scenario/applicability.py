@@ -65,12 +65,13 @@ def check_strategy_threat(
         return
     if shares_nothing(strategy_cls.shared_prefixes):
         for key, listed in (("audit.attacks", audit.attacks), ("audit.leaks", audit.leaks)):
-            require(
-                listed == AUTO or not listed,
-                key,
-                [] if listed == AUTO else [c.name for c in listed],
+            if listed == AUTO or not listed:
+                continue
+            raise ScenarioError(
+                f"{key}[0].name",
+                listed[0].name,
                 f"strategy {strategy!r} shares nothing with the server, so there is nothing "
-                f'to attack; leave it "auto" (the audit then says there is nothing to audit) '
+                f'to attack; leave {key} "auto" (the audit then says there is nothing to audit) '
                 f"or use a strategy that shares parameters: {_sharing()}",
             )
         return
