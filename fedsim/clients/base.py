@@ -17,6 +17,7 @@ from fedsim.core.components import Resolved
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle
 from fedsim.core.devices import gpu_if
+from fedsim.core.modality import input_spec
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.partition import ClientSplit, client_data
 from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
@@ -127,7 +128,7 @@ class ClientEnv:
 
     @property
     def input_spec(self) -> InputSpec:
-        return InputSpec(self.bundle.channels, self.bundle.image_size, self.bundle.num_classes)
+        return input_spec(self.bundle)
 
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """A zoo model on this client's device, loaded with ``arrays`` (may be partial)."""

@@ -34,7 +34,9 @@ from fedsim.core.config import (
     ScenarioError,
     require,
 )
+from fedsim.core.modality import IMAGE
 from fedsim.core.registry import Registry
+from fedsim.scenario.modality import check_pairing, fits
 
 PORTFOLIO = (
     "analytic-fc",
@@ -143,6 +145,7 @@ def resolve_audit(audit: AuditConfig, setting: AttackSetting) -> AuditPlan:
     runs: tuple[list[Resolved], list[Resolved]] = ([], [])
     for i, attack in enumerate(audit.attacks):
         key = f"audit.attacks[{i}]"
+        check_pairing(ATTACKS, key, attack.name, setting.data)
         resolved = resolve(ATTACKS, attack, key)
         refusals = []
         for setting, chosen in zip(settings, runs, strict=True):
@@ -196,6 +199,8 @@ def _applying(
     chosen = []
     for name in names:
         where = f"{key} (auto: {name})"
+        if not fits(registry.get(name), setting.data, IMAGE):
+            continue  # made for another modality
         component = resolve(registry, ComponentConfig(name, params(name)), where)
         try:
             component.cls.check_setting(setting, where)
@@ -209,6 +214,7 @@ def _checked(
     registry: Registry[Any], component: ComponentConfig, key: str, setting: AttackSetting
 ) -> Resolved:
     """The component is registered, its parameters are valid, and the server sees what it needs."""
+    check_pairing(registry, key, component.name, setting.data)
     resolved = resolve(registry, component, key)
     resolved.cls.check_setting(setting, key)
     return resolved

@@ -25,7 +25,7 @@ from fedsim.clients.replay import ClientReplay
 from fedsim.core.config import BackendConfig, Scenario, scenario_to_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.devices import gpu_if
-from fedsim.core.models import InputSpec
+from fedsim.core.modality import input_spec
 from fedsim.core.training import client_config_record
 from fedsim.outputs.progress import Phases
 from fedsim.outputs.report import write_run_report
@@ -159,7 +159,7 @@ def _auditor(
     scenario, bundle = components.scenario, server.bundle
     view = ServerView(
         scenario.model,
-        InputSpec(bundle.channels, bundle.image_size, bundle.num_classes),
+        input_spec(bundle),
         bundle.normalization,
         scenario.strategy.name,
     )

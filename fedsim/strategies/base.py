@@ -33,6 +33,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsim.core import protocol
 from fedsim.core.data import DatasetBundle
+from fedsim.core.modality import input_spec
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.seeds import model_init_seed
 from fedsim.core.training import evaluate
@@ -78,8 +79,7 @@ class ServerResources:
 
     @property
     def input_spec(self) -> InputSpec:
-        b = self.bundle
-        return InputSpec(b.channels, b.image_size, b.num_classes)
+        return input_spec(self.bundle)
 
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """The global model on the server's device, loaded with ``arrays``."""
