@@ -51,6 +51,10 @@ class Modality(ABC):
         """One example of ``spec``'s shape (on the current default device)."""
 
     @abstractmethod
+    def truth(self, bundle: DatasetBundle, inputs: torch.Tensor) -> torch.Tensor:
+        """``inputs`` of ``bundle`` as the scorer compares them with what an attack found."""
+
+    @abstractmethod
     def loss(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The training objective on one batch (a mean)."""
 
@@ -74,6 +78,10 @@ class ImageModality(Modality):
 
     def dry_input(self, spec: InputSpec) -> torch.Tensor:
         return torch.zeros(1, spec.channels, spec.image_size, spec.image_size)
+
+    def truth(self, bundle: DatasetBundle, inputs: torch.Tensor) -> torch.Tensor:
+        """Pixels in [0, 1] (the public normalisation undone)."""
+        return bundle.normalization.to_pixels(inputs).clamp(0, 1)
 
     def loss(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(model(inputs), labels)

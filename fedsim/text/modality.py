@@ -36,6 +36,10 @@ class TextModality(Modality):
     def dry_input(self, spec: InputSpec) -> torch.Tensor:
         return torch.zeros(1, spec.image_size, dtype=torch.long)
 
+    def truth(self, bundle: DatasetBundle, inputs: torch.Tensor) -> torch.Tensor:
+        """The token ids, as they are."""
+        return inputs
+
     def loss(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = next_token_logits(model, inputs)
         return F.cross_entropy(logits.flatten(0, 1), inputs[:, 1:].flatten())
