@@ -27,6 +27,7 @@ LAYER = {
     "fedsim.sweeps": 6,  # fedsim compare
     "fedsim.face": 7,
     "fedsim.scenarios": 0,
+    "fedsim.text": 0,  # the text modality's kernel (token data, exposure)
 }
 FACE = ("fedsim.cli", "fedsim.commands", "fedsim.app")  # the command line and the Flower app
 

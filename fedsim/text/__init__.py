@@ -1,0 +1,1 @@
+"""The text modality: token sequences, their models and what their updates leak."""
