@@ -37,6 +37,8 @@ class Modality(ABC):
     """One kind of data: its batches, its model inputs, its objective and scores."""
 
     name: ClassVar[str]
+    perplexity: ClassVar[bool] = False
+    """Whether the server reports ``exp(test loss)`` beside the accuracy (token prediction)."""
 
     @abstractmethod
     def takes(self, inputs: torch.Tensor) -> bool:

@@ -12,7 +12,8 @@ from typing import Any
 
 from fedsim.core.config import DataConfig, require
 from fedsim.core.data import DATASETS
-from fedsim.core.modality import ANY, modality_of
+from fedsim.core.memorisation import MemorisationConfig
+from fedsim.core.modality import ANY, TEXT, modality_of
 from fedsim.core.models import InputSpec
 from fedsim.core.registry import Registry
 
@@ -56,4 +57,24 @@ def check_pairing(
         name,
         f"is {'an' if have[0] in 'aeiou' else 'a'} {have} {registry.kind}, and data.dataset "
         f"{data.dataset!r} is {want}; allowed with {want} data: {', '.join(allowed) or 'none'}",
+    )
+
+
+def check_memorisation(memorisation: MemorisationConfig, data: DataConfig, clients: int) -> None:
+    """``[memorisation]`` plants token canaries: text data, and planting clients that exist."""
+    if not memorisation.enabled:
+        return
+    want = data_modality(data)
+    require(
+        want == TEXT,
+        "memorisation.enabled",
+        True,
+        f"plants token canaries, and data.dataset {data.dataset!r} is {want}; text datasets: "
+        + ", ".join(n for n in DATASETS.names() if modality_of(DATASETS.get(n)) == TEXT),
+    )
+    require(
+        max(memorisation.clients) < clients,
+        "memorisation.clients",
+        list(memorisation.clients),
+        f"partition ids are 0 to {clients - 1} (federation.num-clients)",
     )

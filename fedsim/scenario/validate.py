@@ -61,7 +61,7 @@ from fedsim.core.plugins import RegistrationError, use_plugins
 from fedsim.core.training import smallest_batch
 from fedsim.scenario.components import Components, client_spec
 from fedsim.scenario.machine import check_data_fits, check_gpu_request, check_resources
-from fedsim.scenario.modality import check_pairing, data_spec
+from fedsim.scenario.modality import check_memorisation, check_pairing, data_spec
 from fedsim.scenario.portfolio import AuditPlan, check_audit
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineHooks
@@ -279,6 +279,7 @@ def check_components(scenario: Scenario) -> Components:
     check_aggregate_audit(scenario, strategy.name, strategy.cls)
     check_central_dp(scenario, strategy.name, strategy.cls)
     check_canary_clients(scenario)
+    check_memorisation(scenario.memorisation, data, scenario.federation.num_clients)
     client = client_spec(scenario, partitioner, generator)
     audit_threat = scenario.audit.threat_model if scenario.audit.enabled else None
     check_defences(client, scenario.strategy.name, audit_threat)

@@ -52,6 +52,7 @@ from fedsim.strategies.base import FedsimStrategy, ServerResources
 from fedsim.strategies.central_dp import with_central_dp
 from fedsim.strategies.sampling import TAKE_EVERY_NODE, PartitionSampler, SampledGrid
 from fedsim.strategies.stragglers import StragglerPlan
+from fedsim.text.canaries import PlantedCanaries
 
 SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -216,11 +217,14 @@ def serve(
     """
     scenario = components.scenario
     fed = scenario.federation
+    bundle = load_dataset(scenario.data)
+    memorisation = scenario.memorisation
     server = ServerResources(
         scenario.model,
         fed.seed,
-        load_dataset(scenario.data),
+        bundle,
         gpu_if(scenario.backend.num_gpus > 0),
+        PlantedCanaries.of(memorisation, bundle.vocabulary) if memorisation.enabled else None,
     )
     if phases:
         phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")

@@ -25,6 +25,7 @@ class TextModality(Modality):
     """
 
     name = TEXT
+    perplexity = True
 
     def takes(self, inputs: torch.Tensor) -> bool:
         return not inputs.is_floating_point() and inputs.dim() == 2
