@@ -23,9 +23,11 @@ from fedsim.clients.base import ClientEnv, ClientSpec
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, ComponentConfig, DataConfig, ModelConfig
 from fedsim.core.data import DATASETS, load_dataset
+from fedsim.core.memorisation import MemorisationConfig
 from fedsim.core.modality import TEXT, input_spec, modality_of
 from fedsim.core.models import MODELS, build_model
 from fedsim.core.training import client_config_record, evaluate
+from fedsim.text.canaries import PlantedCanaries
 from fedsim.text.models import OUTPUT_WEIGHT, TOKEN_EMBEDDING
 from fedsim.text.shakespeare import roles
 from fedsim.text.tokens import CANARY_TOKENS, OOV
@@ -210,3 +212,29 @@ def test_the_shakespeare_scenario_learns_and_its_audit_reads_every_clients_words
     assert leaks["words-prior-f1"].max() < 0.75
     summary = (out / "summary.md").read_text()
     assert "words: F1" in summary
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_canary_planted_ten_times_is_exposed_more_than_once_more_than_never(seed: int) -> None:
+    # Two speaking roles train FedAvg rounds in-process with the real client routine:
+    # client 0 holds its canary 10 times, client 1 its own once; five are never planted.
+    memorisation = MemorisationConfig(
+        enabled=True, digits=4, clients=(0, 1), repetitions=(10, 1), references=5, seed=seed
+    )
+    spec = ClientSpec(TRANSFORMER, WORDS, num_clients=2, seed=seed, memorisation=memorisation)
+    envs = [ClientEnv.create(spec, c, RecordDict()) for c in range(2)]
+    assert [e.train_size - len(e.split.train) for e in envs] == [10, 1]
+    bundle = load_dataset(WORDS)
+    canaries = PlantedCanaries.of(memorisation, bundle.vocabulary)
+    model = build_model(TRANSFORMER, input_spec(bundle), seed=seed)
+    cfg = ClientConfig(local_epochs=2, batch_size=16, optimizer="adam", lr=0.003)
+    for server_round in range(1, 6):
+        sent = ArrayRecord({k: v.detach().clone() for k, v in model.state_dict().items()})
+        replies = [_client_update(env, sent, cfg, server_round)[0] for env in envs]
+        model.load_state_dict({k: (replies[0][k] + replies[1][k]) / 2 for k in replies[0]})
+    exposure = canaries.measure(model)
+    ten, once = exposure["exposure-client0-x10"], exposure["exposure-client1-x1"]
+    # A never-planted canary's exposure is random: P(exposure >= e) = 2**-e (mean 1.4 bits),
+    # so the references' median stands for "never planted".
+    never = float(torch.tensor([exposure[f"exposure-reference{i}"] for i in range(5)]).median())
+    assert ten > once + 1 and once > never + 2, exposure
