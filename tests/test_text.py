@@ -238,3 +238,21 @@ def test_a_canary_planted_ten_times_is_exposed_more_than_once_more_than_never(se
     # so the references' median stands for "never planted".
     never = float(torch.tensor([exposure[f"exposure-reference{i}"] for i in range(5)]).median())
     assert ten > once + 1 and once > never + 2, exposure
+
+
+def test_fedsim_list_shows_each_datasets_and_models_modality(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    for kind, text, image in (
+        ("datasets", "shakespeare", "mnist-embedded"),
+        ("models", "char-lstm", "lenet-zhu"),
+    ):
+        assert main(["list", kind]) == 0
+        rows = {
+            line.split("│")[2].strip(): line
+            for line in capsys.readouterr().out.splitlines()
+            if line.count("│") > 4
+        }
+        assert rows[text].split("│")[3].strip() == "text"
+        assert rows[image].split("│")[3].strip() == "image"
