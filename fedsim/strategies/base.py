@@ -96,7 +96,10 @@ class ServerResources:
         images, labels = self.bundle.test_images, self.bundle.test_labels
         model = self.model(arrays)
         loss, acc = evaluate(model, images, labels)
-        metrics = {protocol.TEST_LOSS: loss, protocol.TEST_ACC: acc}
+        metrics: dict[str, int | float | list[int] | list[float]] = {
+            protocol.TEST_LOSS: loss,
+            protocol.TEST_ACC: acc,
+        }
         if modality(self.bundle.modality).perplexity:
             metrics[protocol.TEST_PERPLEXITY] = math.exp(min(loss, 700.0))
         if self.canaries is not None:
