@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsim.core.config import DataConfig, require
+from fedsim.core.config import DataConfig, lookup, require
 from fedsim.core.data import DATASETS
 from fedsim.core.memorisation import MemorisationConfig
 from fedsim.core.modality import ANY, TEXT, modality_of
@@ -46,7 +46,7 @@ def check_pairing(
 ) -> None:
     """Refuse ``registry``'s component ``name`` (given at ``key``) for data of another
     modality, naming the components of ``registry`` that take it."""
-    component = registry.get(name)
+    component = lookup(registry, name, key)
     if fits(component, data, default):
         return
     want, have = data_modality(data), modality_of(component, default)
