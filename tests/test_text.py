@@ -90,6 +90,7 @@ def test_text_models_map_token_ids_to_next_token_logits(name: str) -> None:
         ("quickstart", "model.name=char-lstm", "model.name", "allowed with image data: cnn"),
         ("quickstart", 'audit.leaks=[{name="words"}]', "audit.leaks[0]", "a text leak analysis"),
         ("quickstart", "memorisation.enabled=true", "memorisation.enabled", "text datasets: sh"),
+        ("shakespeare", "strategy.name=fedsplit", "memorisation.enabled", "global model (fedavg"),
     ],
 )
 def test_components_of_another_modality_are_refused_in_one_line_both_ways(

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsim.core.config import DataConfig, lookup, require
+from fedsim.core.components import Resolved
+from fedsim.core.config import DataConfig, FederationConfig, lookup, require
 from fedsim.core.data import DATASETS
 from fedsim.core.memorisation import MemorisationConfig
 from fedsim.core.modality import ANY, TEXT, modality_of
@@ -60,10 +61,14 @@ def check_pairing(
     )
 
 
-def check_memorisation(memorisation: MemorisationConfig, data: DataConfig, clients: int) -> None:
-    """``[memorisation]`` plants token canaries: text data, and planting clients that exist."""
+def check_memorisation(
+    memorisation: MemorisationConfig, data: DataConfig, fed: FederationConfig, strategy: Resolved
+) -> None:
+    """``[memorisation]`` plants token canaries: text data, planting clients that exist, and
+    a strategy that releases a global model to measure their exposure on."""
     if not memorisation.enabled:
         return
+    clients = fed.num_clients
     want = data_modality(data)
     require(
         want == TEXT,
@@ -77,4 +82,11 @@ def check_memorisation(memorisation: MemorisationConfig, data: DataConfig, clien
         "memorisation.clients",
         list(memorisation.clients),
         f"partition ids are 0 to {clients - 1} (federation.num-clients)",
+    )
+    require(
+        strategy.cls.global_model,
+        "memorisation.enabled",
+        True,
+        f"measures exposure on the released global model, and strategy {strategy.name!r} "
+        "keeps part of each model private; use a strategy with a global model (fedavg, fedprox)",
     )

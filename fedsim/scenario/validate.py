@@ -274,12 +274,12 @@ def check_components(scenario: Scenario) -> Components:
     partitioner = resolve_partitioner(data)
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
     check_pairing(STRATEGIES, "strategy.name", scenario.strategy.name, data, ANY)
+    check_memorisation(scenario.memorisation, data, scenario.federation, strategy)
     strategy.cls.check_scenario(scenario)
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
     check_aggregate_audit(scenario, strategy.name, strategy.cls)
     check_central_dp(scenario, strategy.name, strategy.cls)
     check_canary_clients(scenario)
-    check_memorisation(scenario.memorisation, data, scenario.federation.num_clients)
     client = client_spec(scenario, partitioner, generator)
     audit_threat = scenario.audit.threat_model if scenario.audit.enabled else None
     check_defences(client, scenario.strategy.name, audit_threat)
