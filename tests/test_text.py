@@ -102,6 +102,18 @@ def test_components_of_another_modality_are_refused_in_one_line_both_ways(
     assert fragment in err, err
 
 
+def test_fedsim_attack_refuses_text_data_and_text_models(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for flags, fragment in (
+        (["--dataset", "shakespeare"], "--dataset = 'shakespeare': is text, not images"),
+        (["--model", "char-lstm"], "--model = 'char-lstm': is a text model"),
+    ):
+        assert main(["attack", "--attack", "dlg", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and fragment in err, err
+
+
 def test_the_groups_partitioner_gives_each_client_one_speaking_role() -> None:
     bundle = load_dataset(WORDS)
     spec = ClientSpec(TRANSFORMER, WORDS, num_clients=6, seed=0)
