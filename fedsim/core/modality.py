@@ -3,8 +3,9 @@
 A :class:`Modality` says, for one kind of data, how a batch is recognised
 (:meth:`Modality.takes`), what a model of it is built for
 (:meth:`Modality.input_spec`), what one example looks like for a shapes-only
-check (:meth:`Modality.dry_input`), and the objective and its scores
-(:meth:`Modality.loss`, :meth:`Modality.scores`). Local training, evaluation and
+check (:meth:`Modality.dry_input`), the objective and its scores
+(:meth:`Modality.loss`, :meth:`Modality.scores`) and what the scorer compares
+(:meth:`Modality.truth`). Local training, evaluation and
 validation ask the modality instead of assuming pixels, so a new kind of data is
 a new folder registering one (``fedsim.text`` registers ``text``), not a branch
 in each of them.
@@ -30,7 +31,18 @@ from fedsim.core.models import InputSpec
 from fedsim.core.raw import ANY, IMAGE, TEXT
 from fedsim.core.registry import Registry
 
-__all__ = ["ANY", "IMAGE", "MODALITIES", "TEXT", "Modality", "input_spec", "modality_of"]
+__all__ = [
+    "ANY",
+    "IMAGE",
+    "MODALITIES",
+    "TEXT",
+    "ImageModality",
+    "Modality",
+    "input_spec",
+    "modality",
+    "modality_of",
+    "of_inputs",
+]
 
 
 class Modality(ABC):
