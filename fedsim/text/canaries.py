@@ -8,7 +8,7 @@ one character each after a space). A planting client's canary window starts with
 the canary and is filled with the vocabulary's unknown token; it is repeated as
 often as the scenario says. The exposure of every canary is measured on a model
 (the released global one) against every secret of ``R`` when ``|R|`` is at most
-100,000 (exact rank), else a skew-normal fit to random secrets.
+1,000 (exact rank), else by the paper's skew-normal fit to 1,000 random secrets.
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.text.exposure import CanaryFormat, exposures
 from fedsim.text.tokens import Vocabulary
 
-REFERENCE_DRAWS = 2000
-"""Random secrets the skew-normal fit reads where ``R`` is too large to rank exactly."""
+EXACT_LIMIT = 1000
+"""The largest ``|R|`` ranked exactly, every round (about 0.3 s on one loaded core for the
+small transformer; 10,000 took 2-3 s, a fifth of a round)."""
+REFERENCE_DRAWS = 1000
+"""Random secrets the skew-normal fit reads where ``R`` is larger."""
 
 
 def vocabulary_of(tokens: tuple[str, ...]) -> Vocabulary:
@@ -91,6 +94,7 @@ class PlantedCanaries:
             [*self.planted, *self.references],
             reference=REFERENCE_DRAWS,
             generator=generator,
+            exact_limit=EXACT_LIMIT,
         )
         return {name: e.value for name, e in zip(self.names(), found, strict=True)}
 
