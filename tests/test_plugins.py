@@ -253,7 +253,8 @@ def test_fedsim_list_shows_an_installed_plugin_and_its_distribution(tmp_path: Pa
         check=True,
     ).stdout
 
-    rows = {tuple(c.strip() for c in line.split("│")[1:4]) for line in listed.splitlines()}
+    cells = [[c.strip() for c in line.split("│")] for line in listed.splitlines()]
+    rows = {(c[1], c[2], c[4]) for c in cells if len(c) > 5}  # kind, name, from
     for kind, name in [
         ("strategies", "tinylab-smooth"),
         ("attacks", "tinylab-row-ratio"),

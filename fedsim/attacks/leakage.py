@@ -9,7 +9,8 @@ reconstruction, yet the honest-but-curious server still learns from it:
 - ``membership``: which of a set of candidate records the victim trained on
   (:class:`MembershipLeak`, one score per candidate, higher = more likely a member);
 - ``representatives``: one image (or feature vector) per class the victim holds
-  (:class:`RepresentativesLeak`).
+  (:class:`RepresentativesLeak`);
+- ``words``: which tokens a text client used (:class:`WordsLeak`).
 
 A :class:`LeakAnalysis` is found by name in :data:`LEAKS` and receives one narrow
 :class:`LeakInput`: the :class:`~fedsim.attacks.base.Observation` (what the server
@@ -33,10 +34,10 @@ from fedsim.attacks.base import AttackSetting, Observation, PublicData
 from fedsim.core.registry import Registry
 from fedsim.core.threat import ALL_THREAT_MODELS, ThreatModel
 
-LeakKind = Literal["labels", "membership", "representatives"]
+LeakKind = Literal["labels", "membership", "representatives", "words"]
 """The kinds of leak besides reconstruction (``reconstruction`` is the attacks')."""
 
-LEAK_KINDS: tuple[LeakKind, ...] = ("labels", "membership", "representatives")
+LEAK_KINDS: tuple[LeakKind, ...] = ("labels", "membership", "representatives", "words")
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,18 @@ class RepresentativesLeak:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-Leak = LabelLeak | MembershipLeak | RepresentativesLeak
+@dataclass(frozen=True)
+class WordsLeak:
+    """The token ids the victim used this round, sorted, and beside them the guess of a
+    server without the update (``prior``: the most frequent public tokens)."""
+
+    tokens: torch.Tensor
+    prior: torch.Tensor
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Leak = LabelLeak | MembershipLeak | RepresentativesLeak | WordsLeak
 
 
 class LeakAnalysis(ABC):

@@ -13,7 +13,13 @@ from dataclasses import astuple, dataclass, replace
 import torch
 
 from fedsim.attacks.base import Observation
-from fedsim.attacks.leakage import LabelLeak, Leak, MembershipLeak, RepresentativesLeak
+from fedsim.attacks.leakage import (
+    LabelLeak,
+    Leak,
+    MembershipLeak,
+    RepresentativesLeak,
+    WordsLeak,
+)
 from fedsim.core.components import Resolved
 from fedsim.core.empirical_privacy import empirical_epsilon
 from fedsim.core.leak_metrics import (
@@ -24,6 +30,7 @@ from fedsim.core.leak_metrics import (
 )
 from fedsim.core.protocol import LeakRecord
 from fedsim.core.truth import GroundTruth
+from fedsim.text.words import input_tokens, score_tokens
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,30 @@ def score_leak(
         return _labels(base, leak, truth)
     if isinstance(leak, MembershipLeak):
         return _membership(base, leak, truth, seed)
+    if isinstance(leak, WordsLeak):
+        return _words(base, leak, truth)
     return _representatives(base, leak, truth)
+
+
+def _ids_text(ids: torch.Tensor) -> str:
+    return ";".join(str(int(i)) for i in ids)
+
+
+def _words(base: LeakRecord, leak: WordsLeak, truth: LeakTruth | None) -> LeakRecord:
+    record = replace(base, words_found=len(leak.tokens), words_estimate=_ids_text(leak.tokens))
+    if truth is None:
+        return record
+    used = input_tokens(truth.trained.images)
+    score, prior = score_tokens(leak.tokens, used), score_tokens(leak.prior, used)
+    return replace(
+        record,
+        words_true=len(used),
+        words_precision=score.precision,
+        words_recall=score.recall,
+        words_f1=score.f1,
+        words_prior_f1=prior.f1,
+        words_truth=_ids_text(used),
+    )
 
 
 def _labels(base: LeakRecord, leak: LabelLeak, truth: LeakTruth | None) -> LeakRecord:

@@ -17,6 +17,8 @@ from fedsim.core.components import Resolved
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle
 from fedsim.core.devices import gpu_if
+from fedsim.core.memorisation import MemorisationConfig
+from fedsim.core.modality import input_spec
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.partition import ClientSplit, client_data
 from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
@@ -28,6 +30,7 @@ from fedsim.core.training import (
     make_optimizer,
     train_local,
 )
+from fedsim.text.canaries import planted_windows
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,8 @@ class ClientSpec:
     partitioner, or generator for a generated dataset: each resolved, its
     class with its frozen ``Params`` (``None``: resolved from ``data`` where
     used), the audit's canaries (:mod:`fedsim.core.canaries`: client
-    ``canaries.client`` trains on its share of them), and whether Flower's
+    ``canaries.client`` trains on its share of them; a text client its ``memorisation``
+    canary), and whether Flower's
     ``fixedclipping_mod`` clips its replies (``[central-dp] clipping = "client"``).
     How it trains (optimiser, learning rate, epochs, batch size) comes with each
     round's config, as Flower sends it.
@@ -56,6 +60,7 @@ class ClientSpec:
     generator: Resolved | None = None
     canaries: CanaryPlan = field(default_factory=CanaryPlan)
     central_clipping: bool = False
+    memorisation: MemorisationConfig = field(default_factory=MemorisationConfig)
 
 
 @dataclass
@@ -91,6 +96,8 @@ class ClientEnv:
             spec.data, spec.num_clients, spec.seed, partition_id, spec.partitioner, spec.generator
         )
         canaries = included_canaries(bundle, spec.canaries, partition_id)
+        if spec.memorisation.enabled:  # [memorisation]'s text canaries, repeated
+            canaries = planted_windows(bundle, spec.memorisation, partition_id)
         device = gpu_if(spec.use_gpu)
         return cls(partition_id, spec, bundle, split, device, state, state_dir, canaries)
 
@@ -127,7 +134,7 @@ class ClientEnv:
 
     @property
     def input_spec(self) -> InputSpec:
-        return InputSpec(self.bundle.channels, self.bundle.image_size, self.bundle.num_classes)
+        return input_spec(self.bundle)
 
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """A zoo model on this client's device, loaded with ``arrays`` (may be partial)."""

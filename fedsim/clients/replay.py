@@ -21,6 +21,7 @@ from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientSpec
 from fedsim.clients.defences import ProbeContext, protect_probe
 from fedsim.core.config import ClientConfig
+from fedsim.core.modality import modality
 from fedsim.core.training import batch_indices, examples_touched
 from fedsim.core.truth import GroundTruth, probe_gradient
 
@@ -49,8 +50,8 @@ class ClientReplay:
 
     def _truth(self, env: ClientEnv, local: torch.Tensor) -> GroundTruth:
         images, labels = env.train_data
-        pixels = env.bundle.normalization.to_pixels(images[local]).clamp(0, 1)
-        return GroundTruth(pixels, labels[local])
+        inputs = modality(env.bundle.modality).truth(env.bundle, images[local])
+        return GroundTruth(inputs, labels[local])
 
     def update_batch(self, partition: int, server_round: int, config: ClientConfig) -> GroundTruth:
         """The examples client ``partition`` trained on in ``server_round``."""

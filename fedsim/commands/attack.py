@@ -128,9 +128,11 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
     )
     from fedsim.core.data import DATASETS, generated_dataset
     from fedsim.core.devices import pick_device
-    from fedsim.core.models import INITS, MODELS
+    from fedsim.core.modality import IMAGE
+    from fedsim.core.models import INITS, MODELS, InputSpec
     from fedsim.core.threat import ThreatModel
     from fedsim.scenario.applicability import check_applies
+    from fedsim.scenario.modality import check_pairing, data_modality
     from fedsim.scenario.validate import check_model_fits
 
     require(experiment.batch_size >= 1, "--batch-size", experiment.batch_size, "must be >= 1")
@@ -163,7 +165,15 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
         experiment.dataset,
         "is generated feature vectors, not images: the attacks reconstruct images",
     )
+    data = DataConfig(dataset=experiment.dataset)
+    require(
+        data_modality(data) == IMAGE,
+        "--dataset",
+        experiment.dataset,
+        f"is {data_modality(data)}, not images: the attacks reconstruct images",
+    )
     lookup(MODELS, experiment.model, "--model")
+    check_pairing(MODELS, "--model", experiment.model, data)
     lookup(INITS, experiment.init, "--init")
     require(
         experiment.weights is None or Path(experiment.weights).is_file(),
@@ -171,9 +181,9 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
         experiment.weights,
         "no such file (a run's model.pt)",
     )
-    check_model_fits(
-        experiment.model, experiment.image_size, experiment.channels == "rgb", "--image-size"
-    )
+    channels = 3 if experiment.channels == "rgb" else 1
+    spec = InputSpec(channels, experiment.image_size, 10)  # classes do not change the shapes
+    check_model_fits(experiment.model, spec, "--image-size")
     pick_device(experiment.device, "--device")
     # The probe is a whole model's gradient (or its one-step update) on one batch, as
     # FedAvg's server sees it (uploads: all): an attack that cannot read it refuses here.

@@ -47,6 +47,15 @@ def _registries() -> dict[str, Any]:
     }
 
 
+def _modality(kind: str, component: Any) -> str:
+    """The modality a dataset, model, attack or strategy is for (``any``: every one); blank
+    for the kinds that do not declare one."""
+    from fedsim.core.modality import ANY, IMAGE, modality_of
+
+    defaults = {"datasets": IMAGE, "models": IMAGE, "attacks": IMAGE, "strategies": ANY}
+    return modality_of(component, defaults[kind]) if kind in defaults else ""
+
+
 def _scenario_description(name: str) -> str:
     import tomllib
     from importlib.resources import files
@@ -72,17 +81,18 @@ class ListCommand:
                 raise ScenarioError("KIND", args.kind, ", ".join(KINDS))
             kinds = tuple(chosen)
         registries = _registries()
-        table = Table("kind", "name", "from", "what it is", show_lines=False)
+        table = Table("kind", "name", "modality", "from", "what it is", show_lines=False)
         for column in table.columns:
             column.overflow = "fold"  # wrap long cells instead of cutting them off
         for kind in kinds:
             if kind == "scenarios":
                 for name in shipped_scenarios():
-                    table.add_row(kind, name, "fedsim", _scenario_description(name))
+                    table.add_row(kind, name, "", "fedsim", _scenario_description(name))
                 continue
             registry = registries[kind]
             for name in registry.names():
-                table.add_row(kind, name, registry.origin(name), registry.describe(name))
+                shown = _modality(kind, registry.get(name))
+                table.add_row(kind, name, shown, registry.origin(name), registry.describe(name))
         Console().print(table)
         return 0
 

@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from fedsim.core.errors import ScenarioError
 from fedsim.core.errors import first_line as first_line  # re-exported
+from fedsim.core.memorisation import MemorisationConfig
 from fedsim.core.plugins import is_path, require_module_name
 from fedsim.core.registry import Registry, UnknownNameError
 from fedsim.core.threat import ThreatModel
@@ -611,6 +612,7 @@ class Scenario:
     backend: BackendConfig = BackendConfig()
     audit: AuditConfig = AuditConfig()
     central_dp: CentralDPConfig = CentralDPConfig()
+    memorisation: MemorisationConfig = field(default_factory=MemorisationConfig)
     failures: FailureConfig = FailureConfig()
     output: OutputConfig = OutputConfig()
     log: LogConfig = LogConfig()

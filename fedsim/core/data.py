@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from fedsim.core.config import ComponentConfig, DataConfig, ScenarioError, first_line
 from fedsim.core.generated import SYNTHETIC, GeneratedDataset
-from fedsim.core.raw import RawDataset
+from fedsim.core.raw import IMAGE, RawDataset
 from fedsim.core.registry import Registry
 
 
@@ -85,6 +85,11 @@ class DatasetBundle:
     test_labels: torch.Tensor
     num_classes: int
     normalization: Normalization
+    # Token sequences (``"text"``): inputs are int64 windows ``(N, T + 1)`` (a model reads
+    # the first ``T`` and predicts the next token at each), labels the examples' groups,
+    # ``num_classes`` the vocabulary's size and ``vocabulary`` its tokens by id.
+    modality: str = IMAGE
+    vocabulary: tuple[str, ...] = ()
 
     @property
     def channels(self) -> int:
@@ -96,7 +101,7 @@ class DatasetBundle:
 
 
 Loader = Callable[[DataConfig], RawDataset]
-DATASETS: Registry[Loader] = Registry("dataset", group="fedsim.datasets")
+DATASETS: Registry[Loader] = Registry("dataset", ("fedsim.text",), group="fedsim.datasets")
 
 
 def _site_packages_file(module: str, *parts: str) -> Path:
@@ -337,9 +342,30 @@ def feature_bundle(name: str, train: Arrays, test: Arrays, classes: int) -> Data
     )
 
 
+def sequence_bundle(name: str, raw: RawDataset) -> DatasetBundle:
+    """A loader's token-id windows as a bundle, as they are."""
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
+
+    return DatasetBundle(
+        name=name,
+        train_images=tensor(raw.train_images),
+        train_labels=tensor(raw.train_labels),
+        test_images=tensor(raw.test_images),
+        test_labels=tensor(raw.test_labels),
+        num_classes=raw.num_classes,
+        normalization=Normalization.identity(1),
+        modality=raw.modality,
+        vocabulary=raw.vocabulary,
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def _load_cached(cfg_key: DataConfig) -> DatasetBundle:
     raw = load_raw(cfg_key)
+    if raw.modality != IMAGE:  # token ids: used as the loader gives them
+        return sequence_bundle(cfg_key.dataset, raw)
     if generated_dataset(cfg_key):  # feature vectors: no resizing, clamping or channels
         flat = (raw.train_images[:, 0, 0, :], raw.train_labels)
         return feature_bundle(

@@ -16,16 +16,19 @@ import torch
 from torch import nn
 
 from fedsim.core.config import ModelConfig
+from fedsim.core.raw import IMAGE
 from fedsim.core.registry import Registry
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    """What a model is built for: image channels, side length and classes."""
+    """What a model is built for: image channels, side length and classes; for token
+    sequences (``modality = "text"``), one channel, the sequence length and the vocabulary."""
 
     channels: int
     image_size: int
     num_classes: int
+    modality: str = IMAGE
 
 
 class SplitNet(nn.Module):
@@ -41,7 +44,7 @@ class SplitNet(nn.Module):
 
 
 ModelBuilder = Callable[[InputSpec], SplitNet]
-MODELS: Registry[ModelBuilder] = Registry("model", group="fedsim.models")
+MODELS: Registry[ModelBuilder] = Registry("model", ("fedsim.text",), group="fedsim.models")
 INITS: Registry[Callable[[nn.Module], None]] = Registry("init scheme", group="fedsim.inits")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -89,6 +89,17 @@ class ShardsParams:
         )
 
 
+@dataclass(frozen=True)
+class GroupsParams:
+    """Natural non-IID: one client per group (a text dataset's speaking role or file)."""
+
+    min_size: int = 5
+    order: Literal["random", "largest"] = "random"
+
+    def __post_init__(self) -> None:
+        require(self.min_size >= 1, "min-size", self.min_size, "must be >= 1")
+
+
 @_partitioner("iid", IidParams)
 def iid(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: IidParams
@@ -144,6 +155,26 @@ def shards(
     pieces = np.array_split(order, num_shards)
     assignment = rng.permutation(num_shards).reshape(num_clients, params.classes_per_client)
     return [np.sort(np.concatenate([pieces[s] for s in row])) for row in assignment]
+
+
+@_partitioner("groups", GroupsParams)
+def groups(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, params: GroupsParams
+) -> list[np.ndarray]:
+    """One client per group: of the groups (labels) with min-size examples, a seeded random
+    choice or the largest ones; a text dataset's label is its example's role or file."""
+    found, sizes = np.unique(labels, return_counts=True)
+    kept = found[sizes >= params.min_size]
+    if len(kept) < num_clients:
+        raise ValueError(
+            f"{len(kept)} groups hold min-size={params.min_size} examples, fewer than "
+            f"{num_clients} clients; lower min-size or num-clients"
+        )
+    if params.order == "largest":
+        chosen = kept[np.argsort(-sizes[sizes >= params.min_size], kind="stable")[:num_clients]]
+    else:
+        chosen = rng.choice(kept, size=num_clients, replace=False)
+    return [np.flatnonzero(labels == group) for group in chosen]
 
 
 for _cls_name, _described in SUPPORTED.items():

@@ -121,6 +121,13 @@ AUDIT_MEMBERSHIP_TPR = "audit-membership-tpr-1pct"
 AUDIT_REPRESENTATIVES_SSIM = "audit-representatives-ssim"
 AUDIT_REPRESENTATIVES_COSINE = "audit-representatives-cosine"
 AUDIT_LEAK_CLIENTS = "audit-leak-clients"
+TEST_PERPLEXITY = "test-perplexity"  # a text model's: exp(test-loss), per predicted token
+# words: F1 of the tokens read from the embedding update (median over clients, 95 %
+# interval) and of the frequency prior's guess of as many tokens.
+AUDIT_WORDS_F1 = "audit-words-f1"
+AUDIT_WORDS_F1_LOW = "audit-words-f1-low"
+AUDIT_WORDS_F1_HIGH = "audit-words-f1-high"
+AUDIT_WORDS_PRIOR_F1 = "audit-words-prior-f1"
 # The one-run audit's lower bound on epsilon from the canary client's canaries (the
 # highest over the membership analyses, each at 1 - 5 % / their number: 95 % jointly).
 AUDIT_EPSILON_EMPIRICAL = "audit-epsilon-empirical"
@@ -134,6 +141,7 @@ AUDIT_LEAK_COLUMNS = (
     *(AUDIT_MEMBERSHIP_AUC, AUDIT_MEMBERSHIP_AUC_LOW, AUDIT_MEMBERSHIP_AUC_HIGH),
     *(AUDIT_MEMBERSHIP_TPR, AUDIT_REPRESENTATIVES_SSIM, AUDIT_REPRESENTATIVES_COSINE),
     *(AUDIT_LEAK_CLIENTS, AUDIT_EPSILON_EMPIRICAL),
+    *(AUDIT_WORDS_F1, AUDIT_WORDS_F1_LOW, AUDIT_WORDS_F1_HIGH, AUDIT_WORDS_PRIOR_F1),
     *(AUDIT_COUNTERFACTUAL_PSNR, AUDIT_COUNTERFACTUAL_PSNR_LOW, AUDIT_COUNTERFACTUAL_PSNR_HIGH),
 )
 AUDIT_COLUMNS = (
@@ -302,6 +310,9 @@ class VerdictRecord:
     representatives_ssim: float = float("nan")
     representatives_cosine: float = float("nan")
     representatives_analysis: str = ""
+    words_f1: float = float("nan")  # the best words analysis's F1, beside its frequency prior's
+    words_prior_f1: float = float("nan")
+    words_analysis: str = ""
     # The counterfactual probe's reconstruction (audit.probe-rounds), never in the above:
     # its best PSNR and SSIM and the attack that reached the PSNR.
     counterfactual_psnr: float = float("nan")
@@ -320,7 +331,8 @@ class LeakRecord:
     ``kind`` says which columns hold its scores (the others are empty):
     ``labels`` the ``label-*``, ``membership`` the ``membership-*`` (each with its
     95 % bootstrap interval over the candidates), ``representatives`` the
-    ``representatives-*``. ``examples``: what the update was computed on.
+    ``representatives-*``, ``words`` the ``words-*`` (token ids ";"-separated).
+    ``examples``: what the update was computed on.
     """
 
     round: int
@@ -357,6 +369,14 @@ class LeakRecord:
     representatives_psnr_nearest: float = math.nan  # to the nearest image of its class
     representatives_ssim_nearest: float = math.nan
     representatives_cosine: float = math.nan  # to the class-mean feature vector
+    words_found: int = 0  # tokens the analysis read from the update
+    words_true: int = 0  # tokens the client fed its model this round
+    words_precision: float = math.nan
+    words_recall: float = math.nan
+    words_f1: float = math.nan
+    words_prior_f1: float = math.nan  # the frequency prior's guess of words-found tokens
+    words_estimate: str = ""
+    words_truth: str = ""
     converged: bool = True
     seconds: float = 0.0
     analysis_params: str = ""

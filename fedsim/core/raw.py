@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+IMAGE = "image"
+TEXT = "text"
+ANY = "any"
+"""The modalities (:mod:`fedsim.core.modality`); ``any``: a component that takes each."""
+
 
 @dataclass(frozen=True)
 class RawDataset:
@@ -27,3 +32,8 @@ class RawDataset:
     # Whether the test split is disjoint from the training images. Where they coincide (a
     # few shipped attack targets) the audit has no public data and no non-members.
     held_out: bool = True
+    # What the arrays hold (:mod:`fedsim.core.modality`): "image", or "text" (token-id
+    # windows ``(N, T + 1)``, int64, each label the example's group: a speaking role, a file).
+    modality: str = IMAGE
+    # The token strings by id (text only).
+    vocabulary: tuple[str, ...] = ()

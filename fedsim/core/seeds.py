@@ -72,6 +72,8 @@ class SeedStream(enum.Enum):
     AUDIT_CANARIES = ("audit-canaries", Party.ATTACKER, ("seed",))
     # User-level canary clients' directions (Andrew et al.): the auditor's design too.
     AUDIT_CANARY_CLIENTS = ("audit-canary-clients", Party.ATTACKER, ("seed",))
+    # [memorisation]'s canaries in text clients (planted and reference secrets).
+    AUDIT_TEXT_CANARIES = ("audit-text-canaries", Party.ATTACKER, ("seed",))
     # A leak analysis's own draws (shadow updates on public data, ...).
     LEAK_ANALYSIS = ("leak-analysis", Party.ATTACKER, ("attack-seed",))
     ATTACK = ("attack", Party.ATTACKER, ("seed", "round", "partition"))

@@ -12,10 +12,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedsim.core.config import ClientConfig, parse_table
+from fedsim.core.modality import of_inputs
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -23,8 +23,9 @@ LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 def cross_entropy_loss(
     model: nn.Module, images: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
-    """The plain supervised objective: mean cross-entropy."""
-    return F.cross_entropy(model(images), labels)
+    """The plain supervised objective: mean cross-entropy (next-token for token sequences),
+    as the batch's modality (:mod:`fedsim.core.modality`) defines it."""
+    return of_inputs(images).loss(model, images, labels)
 
 
 @dataclass(frozen=True)
@@ -190,16 +191,17 @@ def train_local(
 def evaluate(
     model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 1000
 ) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on ``(images, labels)``."""
+    """Mean cross-entropy and accuracy of ``model`` on ``(images, labels)`` (per predicted
+    token for token sequences: the modality's :meth:`~fedsim.core.modality.Modality.scores`)."""
     if len(labels) == 0:
         return float("nan"), float("nan")
     device = next(model.parameters()).device
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, made = 0.0, 0, 0
+    scores = of_inputs(images).scores
     for start in range(0, len(labels), batch_size):
         x = images[start : start + batch_size].to(device)
         y = labels[start : start + batch_size].to(device)
-        logits = model(x)
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == y).sum())
-    return loss_sum / len(labels), correct / len(labels)
+        batch_loss, batch_correct, batch_made = scores(model, x, y)
+        loss_sum, correct, made = loss_sum + batch_loss, correct + batch_correct, made + batch_made
+    return loss_sum / made, correct / made

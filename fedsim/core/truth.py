@@ -23,7 +23,8 @@ from fedsim.core.config import ClientConfig
 
 @dataclass(frozen=True)
 class GroundTruth:
-    """The victim's batch: images in pixel space [0, 1] and their labels."""
+    """The victim's batch: images in pixel space [0, 1] (token-id windows for text) and their
+    labels."""
 
     images: torch.Tensor
     labels: torch.Tensor

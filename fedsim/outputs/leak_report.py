@@ -30,6 +30,7 @@ from fedsim.outputs.run_folder import (
     audit_image_name,
     truth_image_name,
 )
+from fedsim.outputs.words_report import word_table
 
 MAX_PANELS = 3  # ROC panels: the first audited round, then evenly spaced to the last
 MAX_CLIENTS = 4  # clients per round in the label figure
@@ -188,4 +189,5 @@ def leak_context(run_dir: Path, leaks: pd.DataFrame) -> dict[str, Any]:
         "roc_curves": data_uri(figure_png(roc_figure(membership))) if not membership.empty else "",
         "label_histograms": data_uri(figure_png(label_fig)) if label_fig is not None else "",
         "representatives": representative_grids(run_dir, leaks),
+        "word_sets": word_table(run_dir, leaks),
     }

@@ -98,6 +98,10 @@ def _render(template: str, path: Path, **context: Any) -> Path:
     return path
 
 
+EXPOSURE = "exposure-"
+"""Metric columns of canaries' exposure, drawn in one panel."""
+
+
 def _curve_columns(metrics: pd.DataFrame) -> list[str]:
     """Numeric per-round columns with at least one finite value, in file order."""
     return [
@@ -121,7 +125,10 @@ def curves_figure(metrics: pd.DataFrame) -> Figure:
     columns = _curve_columns(metrics)
     groups = [("accuracy", [c for c in ACCURACY if c in columns])]
     groups += [("loss", [c for c in LOSS if c in columns])]
-    groups += [(c, [c]) for c in columns if c not in ACCURACY and c not in LOSS]
+    exposure = [c for c in columns if c.startswith(EXPOSURE)]  # [memorisation]'s canaries
+    groups += [("canaries' exposure (bits)", exposure)]
+    shown = {*ACCURACY, *LOSS, *exposure}
+    groups += [(c, [c]) for c in columns if c not in shown]
     groups = [(title, cols) for title, cols in groups if cols]
     panels = max(1, len(groups))
     per_row = min(3, panels)

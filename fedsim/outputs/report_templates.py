@@ -70,7 +70,7 @@ TEMPLATES: dict[str, str] = {
 
 {% if leaks_audited %}
 <section id="audit-leaks">
-<h2>Privacy audit: labels, membership, class representatives</h2>
+<h2>Privacy audit: labels, membership, class representatives, words</h2>
 <p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data.</p>
 {{ m.table(leak_rounds, leak_round_columns) }}
 {% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
@@ -79,6 +79,9 @@ TEMPLATES: dict[str, str] = {
   "Examples per class in the last audited round: estimated (bars) against true (outline), each client's strongest label analysis; every round's in leaks.csv.") }}{% endif %}
 {% if representatives %}<h3>Class representatives</h3>
 {% for grid in representatives %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}{% endif %}
+{% if word_sets %}<h3>Words</h3>
+<p>The last audited round: the tokens each client's update named (the token-embedding rows its data moved) against the tokens it fed its model; every round's in leaks.csv.</p>
+{{ m.table(word_sets.rows, word_sets.columns) }}{% endif %}
 </section>
 {% endif %}
 

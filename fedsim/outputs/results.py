@@ -41,6 +41,7 @@ from fedsim.outputs.tables import (
     round_verdict_table,
 )
 from fedsim.outputs.verdict import strongest_attacks, victim_verdicts
+from fedsim.outputs.words_report import words_summary_lines
 
 
 def _split_of(data: DataConfig) -> str:
@@ -273,11 +274,13 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
             "class proportions of what the client trained on (0 = exact; the uniform guess's "
             "beside it). Membership: ROC AUC over candidates it trained on and held-out "
             "non-members of its class mix (0.5 = chance), and the TPR at 1 % FPR. Class "
-            "representatives: SSIM to the class-mean image. Per client: `verdict.csv`, "
-            "per analysis: `leaks.csv`.",
+            "representatives: SSIM to the class-mean image. Words (text): F1 of the tokens read "
+            "from the embedding update against those the client used (a frequency prior's "
+            "beside it). Per client: `verdict.csv`, per analysis: `leaks.csv`.",
             "",
             leak_verdict_table(verdicts, seed).table.markdown(),
             "",
+            *words_summary_lines(run_dir, leaks),
         ]
     if audit.empty:
         return lines

@@ -115,6 +115,8 @@ LEAK_ROUND_COLUMNS = [
     Column("membership-auc-interval", "95 % interval", "text"),
     Column("membership-tpr", "TPR at 1 % FPR (median)"),
     Column("representatives", "representatives SSIM (median)"),
+    Column("words-f1", "words: F1 (median)"),
+    Column("words-prior-f1", "frequency prior's F1"),
 ]
 
 
@@ -251,7 +253,7 @@ def round_verdict_table(
 
 
 def leak_verdict_table(verdicts: pd.DataFrame, audit_seed: int) -> VerdictTable:
-    """The other kinds of leak per round (labels, membership, class representatives)."""
+    """The other kinds of leak per round (labels, membership, class representatives, words)."""
     raw = [
         r
         for r in round_verdicts(verdicts, audit_seed, DEFAULT_SUCCESS_PSNR)
@@ -278,6 +280,8 @@ def leak_verdict_table(verdicts: pd.DataFrame, audit_seed: int) -> VerdictTable:
                 "representatives": number_text(representatives, 3)
                 if not math.isnan(representatives)
                 else f"cosine {number_text(cosine, 3)}",
+                "words-f1": number_text(r.get(protocol.AUDIT_WORDS_F1, math.nan), 3),
+                "words-prior-f1": number_text(r.get(protocol.AUDIT_WORDS_PRIOR_F1, math.nan), 3),
             }
         )
     return VerdictTable(raw, Table(tuple(LEAK_ROUND_COLUMNS), tuple(rows)))

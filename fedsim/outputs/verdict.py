@@ -153,6 +153,10 @@ def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
     epsilon = leaks.get("epsilon-empirical", pd.Series(dtype=float)).to_numpy(dtype=float)
     if len(epsilon) and not np.isnan(epsilon).all():
         out.update(epsilon_empirical=float(np.nanmax(epsilon)))
+    f1, analysis = _best(leaks.get("words-f1", pd.Series(dtype=float)).to_numpy(dtype=float), names)
+    if analysis:
+        prior = leaks["words-prior-f1"].to_numpy(dtype=float)[list(names).index(analysis)]
+        out.update(words_f1=f1, words_prior_f1=float(prior), words_analysis=analysis)
     for column, field_name in (
         ("representatives-ssim", "representatives_ssim"),
         ("representatives-cosine", "representatives_cosine"),
@@ -226,7 +230,9 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         return {}
     tv = median_interval(rows["label-tv"].astype(float).to_numpy(), seed)
     auc = median_interval(rows["membership-auc"].astype(float).to_numpy(), seed)
-    analysed = rows[["label-tv", "membership-auc", "representatives-ssim"]].notna().any(axis=1)
+    words = median_interval(rows["words-f1"].astype(float).to_numpy(), seed)
+    kinds = ["label-tv", "membership-auc", "representatives-ssim", "words-f1"]
+    analysed = rows[kinds].notna().any(axis=1)
     return {
         protocol.AUDIT_LABEL_TV: tv.value,
         protocol.AUDIT_LABEL_TV_LOW: tv.low,
@@ -240,6 +246,10 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_REPRESENTATIVES_COSINE: _median(rows["representatives-cosine"]),
         protocol.AUDIT_LEAK_CLIENTS: float(analysed.sum()),
         protocol.AUDIT_EPSILON_EMPIRICAL: _highest(rows.get("epsilon-empirical")),
+        protocol.AUDIT_WORDS_F1: words.value,
+        protocol.AUDIT_WORDS_F1_LOW: words.low,
+        protocol.AUDIT_WORDS_F1_HIGH: words.high,
+        protocol.AUDIT_WORDS_PRIOR_F1: _median(rows["words-prior-f1"]),
         **_counterfactual_round(rows, seed),
     }
 
@@ -352,6 +362,14 @@ def leak_verdict_parts(verdict: dict[str, float]) -> list[str]:
         parts.append(f"representatives SSIM {ssim:.3f}")
     elif not math.isnan(cosine):
         parts.append(f"representatives feature cosine {cosine:.3f}")
+    f1 = get(protocol.AUDIT_WORDS_F1, math.nan)
+    if not math.isnan(f1):
+        low, high = (
+            get(protocol.AUDIT_WORDS_F1_LOW, math.nan),
+            get(protocol.AUDIT_WORDS_F1_HIGH, math.nan),
+        )
+        prior = get(protocol.AUDIT_WORDS_PRIOR_F1, math.nan)
+        parts.append(f"words F1 {_with_interval(f1, low, high, 3)} (frequency prior {prior:.3f})")
     clients = int(get(protocol.AUDIT_LEAK_CLIENTS, 0.0) or 0)
     if parts:
         parts[-1] += f" (median over {clients} client{'s' if clients != 1 else ''})"

@@ -56,4 +56,5 @@ def client_spec(
         generator=generator or resolve_generator(data),
         canaries=CanaryPlan(canaries, audit.canary_client, audit.seed),
         central_clipping=scenario.central_dp.clipping == "client",
+        memorisation=scenario.memorisation,
     )

@@ -34,9 +34,11 @@ from fedsim.core.config import (
     ScenarioError,
     require,
 )
+from fedsim.core.modality import IMAGE
 from fedsim.core.registry import Registry
 from fedsim.core.threat import ThreatModel
 from fedsim.scenario.applicability import check_applies, left_out, shares_nothing
+from fedsim.scenario.modality import check_pairing, fits
 
 PORTFOLIO = (
     "analytic-fc",
@@ -158,6 +160,7 @@ def resolve_audit(
     runs: tuple[list[Resolved], list[Resolved]] = ([], [])
     for i, attack in enumerate(audit.attacks):
         key = f"audit.attacks[{i}]"
+        check_pairing(ATTACKS, key, attack.name, setting.data)
         resolved = resolve(ATTACKS, attack, key)
         refusals = []
         for setting, chosen in zip(settings, runs, strict=True):
@@ -219,6 +222,8 @@ def _applying(
     chosen = []
     for name, table in params.items():
         where = f"{key} (auto: {name})"
+        if not fits(registry.get(name), setting.data, IMAGE):
+            continue  # made for another modality
         component = resolve(registry, ComponentConfig(name, table), where)
         try:
             check_applies(component.cls, name, setting, where)
@@ -234,6 +239,7 @@ def _checked(
     registry: Registry[Any], component: ComponentConfig, key: str, setting: AttackSetting
 ) -> Resolved:
     """The component is registered, its parameters are valid, and the server sees what it needs."""
+    check_pairing(registry, key, component.name, setting.data)
     resolved = resolve(registry, component, key)
     check_applies(resolved.cls, resolved.name, setting, key)
     return resolved

@@ -49,6 +49,7 @@ from fedsim.core.data import (
     load_dataset,
 )
 from fedsim.core.generated import GeneratedDataset
+from fedsim.core.modality import ANY, modality
 from fedsim.core.models import INITS, MODELS, InputSpec, SplitNet
 from fedsim.core.partition import (
     PARTITIONERS,
@@ -67,21 +68,16 @@ from fedsim.scenario.applicability import (
 )
 from fedsim.scenario.components import Components, client_spec
 from fedsim.scenario.machine import check_data_fits, check_gpu_request, check_resources
+from fedsim.scenario.modality import check_memorisation, check_pairing, data_spec
 from fedsim.scenario.portfolio import AuditPlan, check_audit
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineHooks
-
-
-def _image_spec(image_size: int, rgb: bool) -> InputSpec:
-    # The side length decides the shapes; channels and classes do not break any zoo model.
-    return InputSpec(3 if rgb else 1, image_size, 10)
 
 
 def _dry_forward(
     builder: Callable[[InputSpec], torch.nn.Module], spec: InputSpec, train: bool
 ) -> None:
     """One example through the model ``builder`` makes, on the ``meta`` device (shapes only)."""
-    image_size = spec.image_size
     with torch.device("meta"):
         model = builder(spec)
         if not isinstance(model, SplitNet):  # a plugin's builder: FedSplit and attacks need it
@@ -89,23 +85,23 @@ def _dry_forward(
                 f"it builds a {type(model).__qualname__}, not a fedsim.core.models.SplitNet "
                 "(an extractor, then a classifier)"
             )
-        model.train(train)(torch.zeros(1, spec.channels, image_size, image_size))
+        model.train(train)(modality(spec.modality).dry_input(spec))
 
 
-def check_model_fits(model: str, image_size: int, rgb: bool, key: str) -> None:
-    """One example passes through model ``model`` at ``image_size`` (shapes only); else
-    a :class:`ScenarioError` on ``key``."""
+def check_model_fits(model: str, spec: InputSpec, key: str) -> None:
+    """One example of ``spec`` passes through model ``model`` (shapes only); else a
+    :class:`ScenarioError` on ``key`` (the image size's)."""
     # Outside the try: an unknown name is a model.name error, not a shape error.
     builder = lookup(MODELS, model, "model.name")
     try:
         # Eval mode: batch norm in training mode refuses a batch of one 1x1 map
         # (that is :func:`trains_on_one_example`'s question).
-        _dry_forward(builder, _image_spec(image_size, rgb), train=False)
+        _dry_forward(builder, spec, train=False)
     except TypeError as err:
         raise ScenarioError("model.name", model, first_line(err)) from None
     except (RuntimeError, ValueError) as err:
         raise ScenarioError(
-            key, image_size, f"does not fit model {model!r} ({first_line(err)}); try 32"
+            key, spec.image_size, f"does not fit model {model!r} ({first_line(err)}); try 32"
         ) from None
 
 
@@ -116,11 +112,7 @@ def trains_on_one_example(
     of its resolved ``generator`` (batch norm over a 1x1 feature map, as ResNet-18's last
     block at 8 pixels, cannot)."""
     builder = lookup(MODELS, model.name, "model.name")
-    spec = (
-        _generated_spec(generator)
-        if generator
-        else _image_spec(data.image_size, data.channels == "rgb")
-    )
+    spec = _generated_spec(generator) if generator else data_spec(data)
     try:
         _dry_forward(builder, spec, train=True)
     except ValueError:  # batch norm's "Expected more than 1 value per channel"
@@ -190,7 +182,7 @@ def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[Engin
         "Flower's accountant counts every sampled client in each release; set "
         "federation.stragglers = 0 and failures.fraction = 0",
     )
-    spec = _image_spec(scenario.data.image_size, scenario.data.channels == "rgb")
+    spec = data_spec(scenario.data)
     with torch.device("meta"):
         state = MODELS.get(scenario.model.name)(spec).state_dict()
     prefixes = strategy_cls.shared_prefixes
@@ -253,11 +245,12 @@ def check_components(scenario: Scenario) -> Components:
             f"dataset {data.dataset!r} is stored, not generated; only generated datasets "
             f"({', '.join(generated_names())}) take parameters",
         )
-        check_model_fits(
-            scenario.model.name, data.image_size, data.channels == "rgb", "data.image-size"
-        )
+        check_pairing(MODELS, "model.name", scenario.model.name, data)
+        check_model_fits(scenario.model.name, data_spec(data), "data.image-size")
     partitioner = resolve_partitioner(data)
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
+    check_pairing(STRATEGIES, "strategy.name", scenario.strategy.name, data, ANY)
+    check_memorisation(scenario.memorisation, data, scenario.federation, strategy)
     strategy.cls.check_scenario(scenario)
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
     check_strategy_threat(scenario.audit, scenario.federation, strategy.name, strategy.cls)

@@ -27,7 +27,7 @@ from fedsim.core import protocol
 from fedsim.core.config import BackendConfig, Scenario, first_line, scenario_to_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.devices import gpu_if
-from fedsim.core.models import InputSpec
+from fedsim.core.modality import input_spec
 from fedsim.core.training import client_config_record
 from fedsim.outputs.progress import Phases
 from fedsim.outputs.report import write_run_report
@@ -55,6 +55,7 @@ from fedsim.strategies.base import FedsimStrategy, ServerResources, TooFewReplie
 from fedsim.strategies.central_dp import with_central_dp
 from fedsim.strategies.sampling import TAKE_EVERY_NODE, PartitionSampler, SampledGrid
 from fedsim.strategies.stragglers import StragglerPlan
+from fedsim.text.canaries import PlantedCanaries
 
 SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -167,7 +168,7 @@ def _auditor(
     scenario, bundle = components.scenario, server.bundle
     view = ServerView(
         scenario.model,
-        InputSpec(bundle.channels, bundle.image_size, bundle.num_classes),
+        input_spec(bundle),
         bundle.normalization,
         scenario.strategy.name,
     )
@@ -224,11 +225,14 @@ def serve(
     """
     scenario = components.scenario
     fed = scenario.federation
+    bundle = load_dataset(scenario.data)
+    memorisation = scenario.memorisation
     server = ServerResources(
         scenario.model,
         fed.seed,
-        load_dataset(scenario.data),
+        bundle,
         gpu_if(scenario.backend.num_gpus > 0),
+        PlantedCanaries.of(memorisation, bundle.vocabulary) if memorisation.enabled else None,
     )
     if phases:
         phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")

@@ -33,9 +33,11 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsim.core import protocol
 from fedsim.core.data import DatasetBundle
+from fedsim.core.modality import input_spec, modality
 from fedsim.core.models import InputSpec, SplitNet, build_loaded_model
 from fedsim.core.seeds import model_init_seed
 from fedsim.core.training import evaluate
+from fedsim.text.canaries import PlantedCanaries
 
 if TYPE_CHECKING:
     from fedsim.core.config import ModelConfig, Scenario
@@ -75,11 +77,11 @@ class ServerResources:
     seed: int
     bundle: DatasetBundle
     device: torch.device
+    canaries: PlantedCanaries | None = None  # [memorisation]'s, measured on each global model
 
     @property
     def input_spec(self) -> InputSpec:
-        b = self.bundle
-        return InputSpec(b.channels, b.image_size, b.num_classes)
+        return input_spec(self.bundle)
 
     def model(self, arrays: ArrayRecord | None = None) -> SplitNet:
         """The global model on the server's device, loaded with ``arrays``."""
@@ -88,11 +90,21 @@ class ServerResources:
         return build_loaded_model(self.model_config, self.input_spec, seed, state, self.device)
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        """Loss and accuracy of the global model on the held-out test set: the round
-        loop's ``evaluate_fn`` (Flower's shape) for a strategy with a global model."""
+        """Loss and accuracy of the global model on the held-out test set (a text model's
+        perplexity too, and ``[memorisation]``'s canaries' exposure): the round loop's
+        ``evaluate_fn`` (Flower's shape) for a strategy with a global model."""
         images, labels = self.bundle.test_images, self.bundle.test_labels
-        loss, acc = evaluate(self.model(arrays), images, labels)
-        return MetricRecord({protocol.TEST_LOSS: loss, protocol.TEST_ACC: acc})
+        model = self.model(arrays)
+        loss, acc = evaluate(model, images, labels)
+        metrics: dict[str, int | float | list[int] | list[float]] = {
+            protocol.TEST_LOSS: loss,
+            protocol.TEST_ACC: acc,
+        }
+        if modality(self.bundle.modality).perplexity:
+            metrics[protocol.TEST_PERPLEXITY] = math.exp(min(loss, 700.0))
+        if self.canaries is not None:
+            metrics |= self.canaries.measure(model)
+        return MetricRecord(metrics)
 
 
 class EngineHooks(ABC):

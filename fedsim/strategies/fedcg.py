@@ -59,6 +59,7 @@ from flwr.serverapp import Grid
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, require
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, feature_shape
+from fedsim.core.modality import IMAGE
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.seeds import SeedStream, derive_seed, model_init_seed
 from fedsim.core.training import load_optimizer_tensors, optimizer_tensors
@@ -150,6 +151,7 @@ class FedCG(FedSplit):
 
     Params: ClassVar[type] = FedCGParams
     client_routine: ClassVar[str] = "fedcg"
+    modality: ClassVar[str] = IMAGE  # its generators draw feature maps per class label
     shared_prefixes: ClassVar[tuple[str, ...]] = protocol.FEDCG_SHARED
     weighted_mean: ClassVar[bool] = False  # the server distils from each client's generator
     plain_mean: ClassVar[bool] = False
