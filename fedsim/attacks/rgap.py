@@ -58,16 +58,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.attacks.analytic import (
-    AnalyticAttack,
+from fedsim.attacks.analytic import AnalyticAttack, read_linear_input
+from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
+from fedsim.attacks.closed_form import (
     exact_gradient,
     leaf_modules,
     one_step_residual,
-    read_linear_input,
     setting_model,
     uploaded,
 )
-from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.gradients import victim_model
 from fedsim.attacks.labels import infer_labels, label_method
 from fedsim.attacks.layer_systems import (
