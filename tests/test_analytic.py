@@ -13,7 +13,7 @@ import torch
 from inprocess import InProcessGrid
 from rich.console import Console
 
-from fedsim.attacks import ATTACKS, resolve_attack, rgap
+from fedsim.attacks import ATTACKS, layer_systems, resolve_attack
 from fedsim.attacks.analytic import AnalyticFC, AnalyticFCParams, read_linear_input
 from fedsim.attacks.base import Observation
 from fedsim.audit.experiment import gradient_probe
@@ -401,7 +401,7 @@ def test_rgap_flags_a_rank_deficient_layer() -> None:
 
 def _small_conv_system(
     noise: bool,
-) -> tuple[rgap.ChannelSystem, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[layer_systems.ChannelSystem, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A LeNet-Zhu-like layer (3 -> 6 channels, 5x5, stride 2) on three real digits'
     centres (3 x 12 x 12), seeded weights and output gradient; its channel system, the
     dense stacked system (each block scaled to unit norm), its target and the true input.
@@ -411,17 +411,20 @@ def _small_conv_system(
     weight = layer.weight.detach()
     x = MNIST32.test_images[:3, 0, 10:22, 10:22].double()
     delta = torch.randn(6, 6, 6, dtype=torch.float64)
-    forward = rgap.linear_part(layer, weight, x)
-    loss = lambda w: (delta * rgap.linear_part(layer, w, x)).sum()  # noqa: E731
+    forward = layer_systems.linear_part(layer, weight, x)
+    loss = lambda w: (delta * layer_systems.linear_part(layer, w, x)).sum()  # noqa: E731
     weight_grad = torch.func.grad(loss)(weight)
     if noise:
         forward, weight_grad = forward.float().double(), weight_grad.float().double()
-    conv = rgap.as_convolution(layer, weight, x.shape)
+    conv = layer_systems.as_convolution(layer, weight, x.shape)
     assert conv is not None
-    system = rgap.ChannelSystem(conv, forward.flatten(), delta, weight_grad)
+    system = layer_systems.ChannelSystem(conv, forward.flatten(), delta, weight_grad)
     blocks = [
-        (rgap.forward_matrix(layer, weight, x.shape), forward.flatten()),
-        (rgap.weight_gradient_matrix(layer, weight, delta, x.shape), weight_grad.flatten()),
+        (layer_systems.forward_matrix(layer, weight, x.shape), forward.flatten()),
+        (
+            layer_systems.weight_gradient_matrix(layer, weight, delta, x.shape),
+            weight_grad.flatten(),
+        ),
     ]
     stacked = torch.cat([m / m.norm() for m, _ in blocks])
     target = torch.cat([t / m.norm() for m, t in blocks])
@@ -436,13 +439,13 @@ def test_rgap_fast_solves_agree_with_dense_least_squares() -> None:
     gradient rows alone, the least-squares solution weighs the forward rows there too)."""
     system, stacked, target, truth = _small_conv_system(noise=False)
     dense = torch.linalg.lstsq(stacked, target[:, None], driver="gelsd").solution[:, 0]
-    singular, right, _ = rgap.channel_svd(system)  # block by block: 4 phases at stride 2
+    singular, right, _ = layer_systems.channel_svd(system)  # block by block: 4 phases at stride 2
     expected = torch.linalg.svdvals(system.gradient)
-    assert len(rgap.gradient_blocks(system)) == 4
+    assert len(layer_systems.gradient_blocks(system)) == 4
     assert torch.allclose(singular[: len(expected)], expected, rtol=0, atol=1e-12)
     assert torch.allclose(right @ right.T, torch.eye(len(right), dtype=right.dtype), atol=1e-12)
-    split, split_rank = rgap.split_solve(system, tolerance=1e-9) or (None, 0)
-    normal, normal_rank = rgap.normal_solve(system) or (None, 0)
+    split, split_rank = layer_systems.split_solve(system, tolerance=1e-9) or (None, 0)
+    normal, normal_rank = layer_systems.normal_solve(system) or (None, 0)
 
     assert split is not None and normal is not None
     assert torch.linalg.matrix_rank(stacked) == split_rank == normal_rank == len(truth)
@@ -451,8 +454,8 @@ def test_rgap_fast_solves_agree_with_dense_least_squares() -> None:
 
     system, stacked, target, truth = _small_conv_system(noise=True)
     dense = torch.linalg.lstsq(stacked, target[:, None], driver="gelsd").solution[:, 0]
-    split, _ = rgap.split_solve(system, tolerance=1e-9) or (None, 0)
-    normal, _ = rgap.normal_solve(system) or (None, 0)
+    split, _ = layer_systems.split_solve(system, tolerance=1e-9) or (None, 0)
+    normal, _ = layer_systems.normal_solve(system) or (None, 0)
 
     assert split is not None and normal is not None
     dense_error = float((dense - truth).norm() / truth.norm())
@@ -534,19 +537,19 @@ def test_rgap_systems_are_the_maps_jacobians(
     torch.manual_seed(0)
     weight = layer.weight.detach().double()
     zero = torch.zeros(shape, dtype=torch.float64)
-    delta = torch.randn(rgap.linear_part(layer, weight, zero).shape, dtype=torch.float64)
+    delta = torch.randn(layer_systems.linear_part(layer, weight, zero).shape, dtype=torch.float64)
 
     def forward(v: torch.Tensor) -> torch.Tensor:
-        return rgap.linear_part(layer, weight, v).flatten()
+        return layer_systems.linear_part(layer, weight, v).flatten()
 
     def weight_gradient(v: torch.Tensor) -> torch.Tensor:
-        loss = lambda w: (delta * rgap.linear_part(layer, w, v)).sum()  # noqa: E731
+        loss = lambda w: (delta * layer_systems.linear_part(layer, w, v)).sum()  # noqa: E731
         return torch.func.grad(loss)(weight).flatten()
 
     expected_forward = torch.func.jacrev(forward)(zero).reshape(-1, zero.numel())
     expected_gradient = torch.func.jacrev(weight_gradient)(zero).reshape(-1, zero.numel())
 
-    assert torch.allclose(rgap.forward_matrix(layer, weight, shape), expected_forward)
+    assert torch.allclose(layer_systems.forward_matrix(layer, weight, shape), expected_forward)
     assert torch.allclose(
-        rgap.weight_gradient_matrix(layer, weight, delta, shape), expected_gradient
+        layer_systems.weight_gradient_matrix(layer, weight, delta, shape), expected_gradient
     )

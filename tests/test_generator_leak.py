@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.attacks.analytic import invert_features
 from fedsim.attacks.base import AttackSetting, Observation
+from fedsim.attacks.closed_form import invert_features
 from fedsim.attacks.generator_leak import GeneratorRepresentatives, GeneratorRepresentativesParams
 from fedsim.attacks.leakage import LEAKS, LeakInput, PublicData
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.attacks.analytic import layer_input, linear_layers
 from fedsim.attacks.base import AttackSetting, Observation
+from fedsim.attacks.closed_form import layer_input, linear_layers
 from fedsim.attacks.label_leaks import LLG, GradientCount, llg_counts
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakInput, PublicData
 from fedsim.attacks.representatives import ClassRepresentatives, RepresentativesParams

@@ -74,8 +74,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedsim.attacks.analytic import AnalyticAttack, setting_model, uploaded
+from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import AttackSetting, Observation, PublicData, Reconstruction
+from fedsim.attacks.closed_form import setting_model, uploaded
 from fedsim.attacks.gradients import local_steps_taken, victim_model
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.replay import replay_refusal

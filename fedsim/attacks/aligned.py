@@ -23,7 +23,7 @@ from torch.func import functional_call
 
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.dlg import DLG, DLGParams
-from fedsim.attacks.matching import MatchingProblem
+from fedsim.attacks.matching_problem import MatchingProblem
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core import protocol
 from fedsim.core.config import require

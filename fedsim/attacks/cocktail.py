@@ -64,13 +64,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.attacks.analytic import (
-    FirstLayerAttack,
-    one_step_residual,
-    setting_batch,
-    setting_model,
-)
+from fedsim.attacks.analytic import FirstLayerAttack
 from fedsim.attacks.base import AttackSetting, Observation, Reconstruction, require_restarts
+from fedsim.attacks.closed_form import one_step_residual, setting_batch, setting_model
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.spear import example_labels
 from fedsim.attacks.vertices import first_linear_layer

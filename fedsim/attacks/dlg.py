@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsim.attacks.matching import GradientMatchingAttack, MatchingParams
+from fedsim.attacks.matching import GradientMatchingAttack
+from fedsim.attacks.matching_params import MatchingParams
 from fedsim.attacks.registry import ATTACKS
 
 

@@ -2,7 +2,7 @@
 
 A FedAvg update is several local epochs of several steps each. The attack
 simulates the client's local training on dummy data with the hyper-parameters
-the server sent (:func:`~fedsim.attacks.matching.replay_local_training`: SGD,
+the server sent (:func:`~fedsim.attacks.matching_problem.replay_local_training`: SGD,
 momentum, weight decay, Adam/AdamW, FedProx's term) and matches the simulated
 update to the observed one. The client reshuffles every epoch with a seed the
 server does not know, so each epoch gets its own dummy copy of the client's
@@ -37,10 +37,10 @@ from scipy.optimize import linear_sum_assignment
 
 from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.labels import infer_labels
-from fedsim.attacks.matching import (
-    GradientMatchingAttack,
+from fedsim.attacks.matching import GradientMatchingAttack
+from fedsim.attacks.matching_params import MatchingParams
+from fedsim.attacks.matching_problem import (
     LocalSchedule,
-    MatchingParams,
     MatchingProblem,
     replay_local_training,
     require_replayable,

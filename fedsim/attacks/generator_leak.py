@@ -20,7 +20,7 @@ a feature space the server cannot read directly. ``generator-representatives``
    ``extractor = "random"`` E~ keeps its random initialisation (the estimate
    ``aligned-dlg`` uses), for comparison;
 3. **inversion**: images ``x`` with ``E~(x)`` equal to the generated features,
-   by :func:`~fedsim.attacks.analytic.invert_features` (Adam in pixel space
+   by :func:`~fedsim.attacks.closed_form.invert_features` (Adam in pixel space
    from grey, boxed to [0, 1]).
 
 The representatives are scored as every ``representatives`` analysis's
@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.attacks.aligned import check_generator_uploaded, uploaded_generator
-from fedsim.attacks.analytic import linear_layers
 from fedsim.attacks.base import AttackSetting
+from fedsim.attacks.closed_form import linear_layers
 from fedsim.attacks.gradients import target_gradient
 from fedsim.attacks.label_leaks import check_output_layer
 from fedsim.attacks.leakage import LEAKS, LeakAnalysis, LeakInput, RepresentativesLeak

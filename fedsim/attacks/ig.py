@@ -16,7 +16,7 @@ lowest final objective.
 
 Against a multi-step update (several local steps or epochs) the attack
 replays the client's local SGD from the sent config
-(:func:`~fedsim.attacks.matching.replay_local_training`, shared with
+(:func:`~fedsim.attacks.matching_problem.replay_local_training`, shared with
 ``unrolled-dlg``), as the paper's FedAvg experiments do.
 
 Defaults follow ``inversefed`` on CIFAR: 4,800 iterations, TV weight 1e-1
@@ -35,11 +35,10 @@ import torch
 
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.gradients import local_steps_taken
-from fedsim.attacks.matching import (
-    GradientMatchingAttack,
-    MatchingParams,
+from fedsim.attacks.matching import GradientMatchingAttack
+from fedsim.attacks.matching_params import MatchingParams, OptimizerName
+from fedsim.attacks.matching_problem import (
     MatchingProblem,
-    OptimizerName,
     replay_local_training,
     require_replayable,
 )

@@ -50,14 +50,14 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from fedsim.attacks.analytic import (
+from fedsim.attacks.base import AttackSetting, Observation
+from fedsim.attacks.closed_form import (
     exact_gradient,
     linear_layers,
     setting_batch,
     setting_model,
     uploaded,
 )
-from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.gradients import batch_gradient, victim_model
 from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, last_layer_gradient
 from fedsim.attacks.leakage import LEAKS, LabelLeak, Leak, LeakAnalysis, LeakInput, PublicData

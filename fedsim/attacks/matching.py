@@ -26,211 +26,34 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
-from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
-from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
+from fedsim.attacks.base import Attack, Observation, Reconstruction
+from fedsim.attacks.convergence import ConvergenceTracker
 from fedsim.attacks.gradients import (
-    BatchNormKnowledge,
     batch_gradient,
     batchnorm_targets,
     batchnorm_view,
-    local_steps_taken,
     relative_residual,
-    soft_cross_entropy,
     target_gradient,
     victim_model,
 )
-from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, require_inferred
+from fedsim.attacks.labels import infer_labels, label_method
+from fedsim.attacks.matching_params import MatchingParams
+from fedsim.attacks.matching_problem import (
+    BATCHNORM_PRIOR,
+    LocalSchedule,
+    MatchingProblem,
+    batchnorm_prior,
+    layer_depths,
+    model_loss,
+)
 from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
-from fedsim.attacks.replay import Batch, local_batches, replay, replay_refusal
-from fedsim.core.config import ClientConfig, require
-from fedsim.core.models import SplitNet, recording_batch_statistics
 from fedsim.core.seeds import SeedStream, derive_seed
-
-OptimizerName = Literal["lbfgs", "adamw"]
-DEFAULT_LR: dict[str, float] = {"lbfgs": 1.0, "adamw": 1e-3}
-
-
-@dataclass(frozen=True)
-class MatchingParams:
-    """Hyper-parameters every gradient-matching attack takes.
-
-    Attributes
-    ----------
-    restarts:
-        Dummy initialisations per victim; the one with the lowest final
-        gradient distance is kept (a single run often diverges or stalls).
-    steps:
-        Optimiser steps; ``None`` takes the paper's count for ``optimizer``.
-    optimizer:
-        ``lbfgs`` (PyTorch's defaults, no line search) or ``adamw``.
-    lr:
-        Learning rate; ``None`` gives 1 for L-BFGS and 1e-3 for AdamW.
-    lbfgs_iterations:
-        Inner iterations (and objective evaluations) per L-BFGS step.
-    history_size:
-        L-BFGS curvature pairs kept.
-    weight_decay:
-        AdamW's decoupled weight decay.
-    dummy_init:
-        ``normal`` (N(0, 1) in model-input space), ``uniform`` (over the data
-        range) or ``constant`` (``dummy_constant`` as a pixel value).
-    dummy_constant:
-        The pixel value of a ``constant`` dummy, in [0, 1].
-    clamp:
-        Clamp the dummy into the data range: ``off``; after every optimiser
-        ``step`` (between ``torch.optim.LBFGS.step`` calls, as DLG-derived code
-        does); or after every ``iteration`` (each L-BFGS inner update,
-        projected L-BFGS; the same as ``step`` for AdamW).
-    labels:
-        ``joint``: optimise soft labels with the images (DLG). ``infer``: read
-        them from the last layer's gradient first (iDLG at batch 1,
-        ``batch_labels`` for batches; see :mod:`fedsim.attacks.labels`) and
-        keep them fixed.
-    batch_labels:
-        How ``labels = "infer"`` reads a batch's labels: ``count``
-        (bias-corrected counting) or ``ilrg`` (iLRG, Ma et al. 2023).
-    signed_gradient:
-        AdamW steps on the sign of the objective's gradient (Inverting Gradients).
-    step_decay:
-        AdamW's learning rate drops tenfold at 3/8, 5/8 and 7/8 of the steps.
-    batchnorm:
-        What the attacker knows of the victim's BatchNorm statistics:
-        ``none``, ``buffers`` or ``known`` (see
-        :data:`~fedsim.attacks.gradients.BatchNormKnowledge`).
-    batchnorm_weight:
-        Weight of the prior ``sum_l ||mu_l(x') - mu_l|| + ||var_l(x') - var_l||``
-        pulling the dummy's BatchNorm statistics to the believed ones
-        (DeepInversion's form; not tuned here).
-    convergence:
-        When a restart counts as converged, and whether the attack stops
-        once every restart has (:mod:`fedsim.attacks.convergence`).
-    """
-
-    paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 300, "adamw": 20_000}
-
-    restarts: int = 4
-    steps: int | None = None
-    optimizer: OptimizerName = "lbfgs"
-    lr: float | None = None
-    lbfgs_iterations: int = 20
-    history_size: int = 100
-    weight_decay: float = 0.01
-    dummy_init: Literal["normal", "uniform", "constant"] = "normal"
-    dummy_constant: float = 0.5
-    clamp: Literal["off", "step", "iteration"] = "off"
-    labels: Literal["joint", "infer"] = "joint"
-    batch_labels: BatchLabels = "count"
-    signed_gradient: bool = False
-    step_decay: bool = False
-    batchnorm: BatchNormKnowledge = "none"
-    batchnorm_weight: float = 0.01
-    convergence: ConvergenceRule = field(default_factory=ConvergenceRule)
-
-    def __post_init__(self) -> None:
-        require_restarts(self.restarts)
-        require_inferred(self.labels, self.batch_labels)
-        require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr is None or self.lr > 0, "lr", self.lr, "must be > 0")
-        require(
-            self.lbfgs_iterations >= 1, "lbfgs-iterations", self.lbfgs_iterations, "must be >= 1"
-        )
-        require(self.history_size >= 1, "history-size", self.history_size, "must be >= 1")
-        require(self.weight_decay >= 0, "weight-decay", self.weight_decay, "must be >= 0")
-        require(
-            self.batchnorm_weight >= 0, "batchnorm-weight", self.batchnorm_weight, "must be >= 0"
-        )
-        require(
-            0 <= self.dummy_constant <= 1,
-            "dummy-constant",
-            self.dummy_constant,
-            "must be in [0, 1]",
-        )
-
-    @property
-    def step_count(self) -> int:
-        """``steps``, or the paper's count for the chosen optimiser."""
-        return self.steps if self.steps is not None else self.paper_steps[self.optimizer]
-
-    @property
-    def learning_rate(self) -> float:
-        """``lr``, or the paper's rate for the chosen optimiser."""
-        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
-
-
-@dataclass(frozen=True)
-class LocalSchedule:
-    """The client's local training as the attacker models it, from the public config."""
-
-    lr: float
-    steps: int  # optimiser steps the client took
-    batch_size: int
-    proximal_mu: float = 0.0  # FedProx's (mu/2)||w - w_global||^2, sent in the config
-    client: ClientConfig = field(default_factory=ClientConfig)  # optimiser and epochs
-    num_examples: int = 1
-
-    @classmethod
-    def of(cls, observation: Observation) -> LocalSchedule:
-        cfg = observation.train_config
-        return cls(
-            cfg.lr,
-            local_steps_taken(observation),
-            cfg.batch_size,
-            observation.proximal_mu,
-            cfg,
-            observation.num_examples,
-        )
-
-    @property
-    def batches(self) -> list[Batch]:
-        """Each local step's minibatch (epoch and slots; the order within is unknown)."""
-        return local_batches(self.num_examples, self.client)
-
-    @property
-    def epochs(self) -> int:
-        """Epochs the local training began (a shuffle each)."""
-        return self.batches[-1].epoch + 1
-
-
-@dataclass(frozen=True)
-class MatchingProblem:
-    """Observations attacked together: same architecture, shared layers, batch shape, schedule.
-
-    Per-victim tensors are stacked on a leading victim dimension; the hooks of
-    :class:`GradientMatchingAttack` see one victim's slice at a time.
-    """
-
-    model: SplitNet
-    names: list[str]  # shared parameter names, the layers matched
-    params: dict[str, torch.Tensor]  # every parameter, stacked over victims (or one copy)
-    shared_model: bool  # every victim received the same global model
-    target: list[torch.Tensor]  # observed gradients, stacked over victims
-    constants: list[torch.Tensor]  # the distance's per-victim constants, stacked
-    extras: dict[str, torch.Tensor]  # extra terms' per-victim constants, stacked
-    labels: torch.Tensor | None  # fixed one-hot targets (V, B, K), or None when joint
-    image_shape: tuple[int, int, int, int]  # (B, C, H, W)
-    num_classes: int
-    schedule: LocalSchedule
-    shared_kind: str  # a SharedKind: a probe's gradient or a client's reply
-    batchnorm: str  # how the attacker's model normalises (gradients.batchnorm_view)
-
-
-def layer_depths(model: SplitNet, names: Sequence[str]) -> list[int]:
-    """1-based depth of the layer each parameter in ``names`` belongs to.
-
-    A layer is a module owning parameters (a conv's weight and bias share a
-    depth); depth counts them in forward order over the whole model, so a
-    shared classifier keeps its true depth when the extractor is private.
-    """
-    modules = list(dict.fromkeys(n.rpartition(".")[0] for n, _ in model.named_parameters()))
-    return [modules.index(n.rpartition(".")[0]) + 1 for n in names]
 
 
 class GradientMatchingAttack(Attack):
@@ -630,82 +453,3 @@ class GradientMatchingAttack(Attack):
             restarts=self.params.restarts,
             **fields,
         )
-
-
-BATCHNORM_PRIOR = "batchnorm-prior:"
-"""Prefix of the believed BatchNorm statistics among a problem's per-victim extras."""
-
-
-def batchnorm_prior(
-    model: nn.Module,
-    params: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    believed: dict[str, torch.Tensor],
-) -> torch.Tensor:
-    """``sum_l ||mu_l(x) - mu_l|| + ||var_l(x) - var_l||`` over BatchNorm inputs (biased var).
-
-    ``believed`` is keyed like :func:`fedsim.core.models.batch_statistics`.
-    """
-    with recording_batch_statistics(model) as found:
-        functional_call(model, params, (x,))
-    return torch.stack([(found[k] - v).norm() for k, v in believed.items()]).sum()
-
-
-def require_replayable(observation: Observation, attack: str) -> None:
-    """Refuse an observation whose local training :func:`replay_local_training` cannot replay."""
-    if not observation.is_update:
-        raise ValueError(f"{attack} replays updates; this observation holds gradients")
-    if observation.summed_examples:
-        raise ValueError(
-            f"{attack} replays one client's update; this observation sums "
-            f"{len(observation.summed_examples)} clients'"
-        )
-    refusal = replay_refusal(observation.train_config)
-    if refusal is not None:
-        raise ValueError(f"{attack} replays the client's local training; {refusal}")
-
-
-def replay_local_training(
-    problem: MatchingProblem,
-    params: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    adam_smoothing: float = 0.0,
-) -> list[torch.Tensor]:
-    """``(w_global - w_K) / (lr K)`` after replaying the client's ``K`` local steps.
-
-    The client's optimiser, weight decay and FedProx's proximal term are
-    replayed (:mod:`fedsim.attacks.replay`). The client's batch order is
-    private: dummy slots ``[start, stop)`` of an epoch form its step. ``x``
-    holds one set of the client's examples (every epoch reuses its slots, as
-    if the client never reshuffled) or one per epoch (``len(x)`` a multiple
-    of the examples: each epoch its own dummies, tied by an attack's prior).
-    ``adam_smoothing``: see :func:`~fedsim.attacks.replay.replay`. Differentiable
-    in ``x`` and ``y`` with ``torch.func`` (works under ``vmap``).
-    """
-    names, schedule = problem.names, problem.schedule
-    per_epoch = len(x) > schedule.num_examples
-    start = {n: params[n] for n in names}
-    fixed = {n: p for n, p in params.items() if n not in start}
-    loss_grad = torch.func.grad(model_loss(problem.model))
-
-    def grad(weights: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor):
-        return loss_grad(weights, fixed, xb, yb)
-
-    batches = []
-    for b in schedule.batches:
-        offset = b.epoch * schedule.num_examples if per_epoch else 0
-        batches.append(
-            (x[offset + b.start : offset + b.stop], y[offset + b.start : offset + b.stop])
-        )
-    weights = replay(schedule.client, grad, start, batches, schedule.proximal_mu, adam_smoothing)
-    return [(start[n] - weights[n]) / (schedule.lr * schedule.steps) for n in names]
-
-
-def model_loss(model: nn.Module) -> Any:
-    """``(shared, fixed, x, y) -> loss``: the mean (soft-label) cross-entropy of ``model``."""
-
-    def loss(shared, fixed, x, y):
-        return soft_cross_entropy(functional_call(model, {**fixed, **shared}, (x,)), y)
-
-    return loss

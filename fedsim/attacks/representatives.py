@@ -15,7 +15,7 @@ vector for each class whose bias gradient is negative (the classes the update
 indicates present), then, where the server sent the network below the output
 layer (FedAvg, FedProx), inverts all of them at once to images through it with
 the feature inversion of ``analytic-fc``
-(:func:`~fedsim.attacks.analytic.invert_features`). Where the extractor stays
+(:func:`~fedsim.attacks.closed_form.invert_features`). Where the extractor stays
 private (FedSplit, FedCG) it returns the feature vectors only, to be scored in
 feature space. It runs on the audit's victims only (``every_client`` false).
 """
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.attacks.analytic import INVERTED, invert_features, linear_layers
 from fedsim.attacks.base import AttackSetting, Observation
+from fedsim.attacks.closed_form import INVERTED, invert_features, linear_layers
 from fedsim.attacks.gradients import target_gradient, victim_model
 from fedsim.attacks.label_leaks import check_output_layer
 from fedsim.attacks.leakage import LEAKS, LeakAnalysis, LeakInput, RepresentativesLeak
@@ -92,7 +92,7 @@ class ClassRepresentatives(LeakAnalysis):
 @dataclass(frozen=True)
 class Inversion:
     """Features inverted to images through ``layer``'s input in ``model`` at ``params``
-    (:func:`~fedsim.attacks.analytic.invert_features`; ``steps`` 0: no images)."""
+    (:func:`~fedsim.attacks.closed_form.invert_features`; ``steps`` 0: no images)."""
 
     model: SplitNet
     params: dict[str, torch.Tensor]

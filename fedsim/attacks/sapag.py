@@ -26,7 +26,8 @@ from typing import ClassVar, Literal
 
 import torch
 
-from fedsim.attacks.matching import GradientMatchingAttack, MatchingParams
+from fedsim.attacks.matching import GradientMatchingAttack
+from fedsim.attacks.matching_params import MatchingParams
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 

@@ -42,14 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedsim.attacks.analytic import (
-    FirstLayerAttack,
-    leaf_modules,
-    linear_layers,
-    one_step_residual,
-    reads_image,
-)
+from fedsim.attacks.analytic import FirstLayerAttack
 from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.closed_form import leaf_modules, linear_layers, one_step_residual, reads_image
 from fedsim.attacks.gradients import soft_cross_entropy
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require

@@ -6,7 +6,7 @@ approximation; instead (as Geiping et al. 2020) the attacker replays the
 client's local training on the dummy batch in autograd, with the schedule the
 server sent (lr, batch size, steps, FedProx's mu), and matches the simulated
 update ``(w_global - w_K(x~)) / (lr K)`` to the observed one
-(:func:`~fedsim.attacks.matching.replay_local_training`; images are learnt
+(:func:`~fedsim.attacks.matching_problem.replay_local_training`; images are learnt
 into whichever batch slot fits): SGD with or without momentum and weight
 decay, Adam and AdamW from a fresh state (:mod:`fedsim.attacks.replay` states
 the threat model). Every epoch reuses the same dummy slots, as if the client
@@ -21,7 +21,7 @@ import torch
 
 from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.dlg import DLG
-from fedsim.attacks.matching import (
+from fedsim.attacks.matching_problem import (
     MatchingProblem,
     replay_local_training,
     require_replayable,

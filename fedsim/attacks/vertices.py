@@ -47,13 +47,9 @@ import torch
 from scipy.optimize import linprog
 from torch import nn
 
-from fedsim.attacks.analytic import (
-    FirstLayerAttack,
-    linear_layers,
-    one_step_residual,
-    reads_image,
-)
+from fedsim.attacks.analytic import FirstLayerAttack
 from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.closed_form import linear_layers, one_step_residual, reads_image
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.spear import EXACT, example_labels
 from fedsim.core.config import require

@@ -64,7 +64,7 @@ def attacker_residual(
     through DLG's plain one-gradient model. Across attacks on one victim, the
     lowest is the reconstruction the attacker itself would pick. Closed-form
     attacks computed it themselves (``details["gradient_residual"]``, the one
-    gradient step of :func:`~fedsim.attacks.analytic.one_step_residual` with the
+    gradient step of :func:`~fedsim.attacks.closed_form.one_step_residual` with the
     same seed): it is not computed twice.
     """
     own = rec.details.get("gradient_residual")

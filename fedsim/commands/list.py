@@ -19,6 +19,7 @@ from fedsim.scenarios import shipped_scenarios
 KINDS = (
     "strategies",
     "attacks",
+    "leaks",
     "defences",
     "datasets",
     "partitioners",
@@ -30,6 +31,7 @@ KINDS = (
 
 def _registries() -> dict[str, Any]:
     from fedsim.attacks import ATTACKS
+    from fedsim.attacks.leakage import LEAKS
     from fedsim.clients.defences import DEFENCES
     from fedsim.core.data import DATASETS
     from fedsim.core.models import INITS, MODELS
@@ -39,6 +41,7 @@ def _registries() -> dict[str, Any]:
     return {
         "strategies": STRATEGIES,
         "attacks": ATTACKS,
+        "leaks": LEAKS,
         "defences": DEFENCES,
         "datasets": DATASETS,
         "partitioners": PARTITIONERS,
@@ -48,11 +51,17 @@ def _registries() -> dict[str, Any]:
 
 
 def _modality(kind: str, component: Any) -> str:
-    """The modality a dataset, model, attack or strategy is for (``any``: every one); blank
+    """The modality a dataset, model, attack, leak analysis or strategy is for (``any``: every one); blank
     for the kinds that do not declare one."""
     from fedsim.core.modality import ANY, IMAGE, modality_of
 
-    defaults = {"datasets": IMAGE, "models": IMAGE, "attacks": IMAGE, "strategies": ANY}
+    defaults = {
+        "datasets": IMAGE,
+        "models": IMAGE,
+        "attacks": IMAGE,
+        "leaks": IMAGE,
+        "strategies": ANY,
+    }
     return modality_of(component, defaults[kind]) if kind in defaults else ""
 
 
@@ -64,8 +73,18 @@ def _scenario_description(name: str) -> str:
     return str(raw.get("description", ""))
 
 
+def _description(kind: str, registry: Any, name: str) -> str:
+    # A leak analysis says which kind of leak it estimates (its verdict's column).
+    if kind == "leaks":
+        return f"{registry.get(name).kind}: {registry.describe(name).strip()}"
+    return str(registry.describe(name))
+
+
 class ListCommand:
-    help = "list strategies, attacks, defences, datasets, partitioners, models, inits, scenarios"
+    help = (
+        "list strategies, attacks, leak analyses, defences, datasets, partitioners, models, "
+        "inits, scenarios"
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -92,7 +111,8 @@ class ListCommand:
             registry = registries[kind]
             for name in registry.names():
                 shown = _modality(kind, registry.get(name))
-                table.add_row(kind, name, shown, registry.origin(name), registry.describe(name))
+                description = _description(kind, registry, name)
+                table.add_row(kind, name, shown, registry.origin(name), description)
         Console().print(table)
         return 0
 
