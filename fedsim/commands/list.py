@@ -51,8 +51,8 @@ def _registries() -> dict[str, Any]:
 
 
 def _modality(kind: str, component: Any) -> str:
-    """The modality a dataset, model, attack, leak analysis or strategy is for (``any``: every one); blank
-    for the kinds that do not declare one."""
+    """The modality a dataset, model, attack, leak analysis or strategy is for (``any``: every
+    one); blank for the kinds that do not declare one."""
     from fedsim.core.modality import ANY, IMAGE, modality_of
 
     defaults = {
