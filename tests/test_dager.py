@@ -82,6 +82,9 @@ def test_dager_tells_nothing_once_the_tokens_fill_the_width() -> None:
 
     assert result.span_full and not result.found
 
+    at_width = dager(*_probe(width, 4, 32, seed=0)[:2], 32, DagerParams())  # 128 tokens
+    assert not at_width.found
+
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_another_clients_gradient_recovers_none_of_this_batch(seed: int) -> None:

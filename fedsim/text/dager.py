@@ -50,13 +50,13 @@ class DagerParams:
         A candidate input belongs to the span when its projection residual, relative to its
         norm, is below this.
     max_prefixes:
-        Most partial sequences kept at a position (a guard against a span that admits
-        everything, as at or beyond the rank limit).
+        Most partial sequences at a position; beyond it the span admits too much to tell
+        (near the rank limit) and the attack stops with nothing (``prefixes_cut``).
     """
 
     rank_tolerance: float = 1e-5
     residual_tolerance: float = 1e-3
-    max_prefixes: int = 4096
+    max_prefixes: int = 1024
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -70,8 +70,9 @@ class DagerParams:
 
 
 def token_limit(width: int) -> int:
-    """Most tokens a batch may hold for the span check to tell (LayerNorm's rank ``width-1``,
-    less one so that the span is a proper subspace of it)."""
+    """Fewer tokens than this in a batch for the span check to tell: LayerNorm's outputs span
+    ``width - 1`` dimensions, and a gradient span one short of them (measured: a batch of
+    ``width`` tokens gave rank ``width - 2``) admits nearly every candidate."""
     return width - 2
 
 
@@ -115,8 +116,8 @@ class DagerResult:
     sequences: torch.Tensor  # (S, T): every full-length sequence that passed layer 1
     tokens_at: tuple[tuple[int, ...], ...]  # per position, the tokens that passed layer 0
     ranks: tuple[int, int]  # the two layers' gradient ranks
-    prefixes_cut: bool  # whether max_prefixes cut a position's prefixes
-    span_full: bool = False  # a rank beyond token_limit: every input lies in the span
+    prefixes_cut: bool  # stopped: more than max_prefixes partial sequences passed
+    span_full: bool = False  # a rank at token_limit or above: (nearly) every input passes
 
     @property
     def found(self) -> bool:
@@ -137,7 +138,7 @@ def dager(
     """
     first, second = (row_space(g, params.rank_tolerance) for g in gradients)
     ranks = (first.shape[1], second.shape[1])
-    if max(ranks) > token_limit(body.embedding.embedding_dim):
+    if max(ranks) >= token_limit(body.embedding.embedding_dim):
         # LayerNorm's outputs span width - 1 dimensions: a span that fills them tells nothing.
         return DagerResult(torch.zeros(0, length, dtype=torch.long), (), ranks, False, True)
     device = body.embedding.weight.device
@@ -159,7 +160,8 @@ def dager(
         keep = (passed < params.residual_tolerance).nonzero()
         prefixes = torch.cat([prefixes[keep[:, 0]], candidates[keep[:, 1]].unsqueeze(1)], dim=1)
         if len(prefixes) > params.max_prefixes:
-            prefixes, cut = prefixes[: params.max_prefixes], True
+            prefixes, cut = prefixes.new_zeros((0, length)), True
+            break
     return DagerResult(prefixes.cpu(), tuple(tokens_at), ranks, cut)
 
 
