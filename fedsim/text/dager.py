@@ -17,7 +17,7 @@ So, while the batch holds fewer tokens than the width,
 The q, k and v weight gradients of a layer are stacked (``in_proj_weight`` holds all three):
 a position's query gradient can vanish (the first position attends only to itself) while its
 key and value gradients do not. LayerNorm leaves inputs in a ``width - 1`` dimensional
-subspace, so the check needs at most ``width - 2`` tokens in the batch (:func:`token_limit`).
+subspace, so the check needs fewer than ``width - 2`` tokens in the batch (:func:`token_limit`).
 
 The attacker knows the architecture and the weights it sent; it reads only the two layers'
 gradients. Differences from the paper's code (eth-sri/dager-gradient-inversion, read, not
