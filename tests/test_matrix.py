@@ -27,6 +27,7 @@ from fedsim.attacks.representatives import RepresentativesParams
 from fedsim.audit import auditor
 from fedsim.audit.tasks import run_attack
 from fedsim.core.config import AuditConfig, ScenarioError, scenario_from_dict
+from fedsim.core.modality import IMAGE, TEXT, modality_of
 from fedsim.core.threat import ThreatModel
 from fedsim.outputs.results import write_summary
 from fedsim.outputs.run_folder import LEAKS_FILE, METRICS_FILE, SUMMARY_FILE
@@ -44,13 +45,34 @@ FAST = {"fedavg", "fedprox", "fedsplit", "local", "krum"}
 STRATEGY_PARAMS = {"fedcg": {"distill-iterations": 20, "gan-steps": 4}}
 
 
-def _table(strategy: str, threat: ThreatModel, **audit: Any) -> dict[str, Any]:
-    """One round of 2 clients of 20 embedded digits, the default audit under ``threat``."""
+# The tiny data and model of each modality: a leak analysis is planned and run on its own.
+DATA = {
+    IMAGE: (
+        {"dataset": "mnist-embedded", "samples-per-client": 20, "normalize": True},
+        {"name": "lenet5-split"},
+    ),
+    TEXT: (
+        {
+            "dataset": "shakespeare-words",
+            "partitioner": {"name": "groups"},
+            "samples-per-client": 8,
+        },
+        {"name": "word-transformer"},
+    ),
+}
+
+
+def _table(
+    strategy: str, threat: ThreatModel, modality: str = IMAGE, **audit: Any
+) -> dict[str, Any]:
+    """One round of 2 clients of 20 embedded digits (or 8 Shakespeare windows), the default
+    audit under ``threat``."""
+    data, model = DATA[modality]
     return {
         "name": "matrix",
         "federation": {"num-clients": 2, "rounds": 1, "seed": 0},
-        "data": {"dataset": "mnist-embedded", "samples-per-client": 20, "normalize": True},
-        "model": {"name": "lenet5-split"},
+        "data": data,
+        "model": model,
         "client": {"local-epochs": 1, "batch-size": 8, "optimizer": "adam", "lr": 0.003},
         "strategy": {"name": strategy, **STRATEGY_PARAMS.get(strategy, {})},
         "audit": {
@@ -148,8 +170,9 @@ def test_every_strategy_and_threat_model_runs_the_default_audit_or_is_refused_in
 def test_each_leak_analysis_alone_is_planned_or_refused_in_one_line_for_every_strategy(
     leak: str, threat: ThreatModel
 ) -> None:
+    modality = modality_of(LEAKS.get(leak), IMAGE)
     for strategy in STRATEGIES.names():
-        plan = _plan(_table(strategy, threat, attacks=[], leaks=[{"name": leak}]))
+        plan = _plan(_table(strategy, threat, modality, attacks=[], leaks=[{"name": leak}]))
 
         if isinstance(plan, ScenarioError):
             _assert_one_line_naming(plan, repr(leak) if plan.key.startswith("audit.leaks") else "")
@@ -159,9 +182,10 @@ def test_each_leak_analysis_alone_is_planned_or_refused_in_one_line_for_every_st
 
 def _first_cell(leak: str) -> tuple[str, ThreatModel]:
     """The first strategy and threat model (registry order) where ``leak`` applies."""
+    modality = modality_of(LEAKS.get(leak), IMAGE)
     for strategy in STRATEGIES.names():
         for threat in ThreatModel:
-            plan = _plan(_table(strategy, threat, attacks=[], leaks=[{"name": leak}]))
+            plan = _plan(_table(strategy, threat, modality, attacks=[], leaks=[{"name": leak}]))
             if not isinstance(plan, ScenarioError) and plan.audit.leaks:
                 return strategy, threat
     raise AssertionError(f"{leak} applies nowhere")
@@ -178,9 +202,9 @@ def test_each_leak_analysis_named_alone_runs_one_round_where_it_applies(
     leak: str, tmp_path: Path, short_attacks: None
 ) -> None:
     strategy, threat = _first_cell(leak)
-    components = check_components(
-        scenario_from_dict(_table(strategy, threat, attacks=[], leaks=[{"name": leak}]))
-    )
+    modality = modality_of(LEAKS.get(leak), IMAGE)
+    table = _table(strategy, threat, modality, attacks=[], leaks=[{"name": leak}])
+    components = check_components(scenario_from_dict(table))
 
     run_dir = _run(components, tmp_path)
 

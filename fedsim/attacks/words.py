@@ -19,6 +19,7 @@ from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.leakage import LEAKS, LeakAnalysis, LeakInput, WordsLeak
 from fedsim.core.config import require
 from fedsim.core.raw import TEXT
+from fedsim.core.threat import ONE_CLIENT
 from fedsim.text.models import TOKEN_EMBEDDING
 from fedsim.text.words import frequency_prior, used_tokens
 
@@ -42,18 +43,18 @@ class EmbeddingWords(LeakAnalysis):
     Params = WordsParams
     kind = "words"
     modality: ClassVar[str] = TEXT
+    threat_models = ONE_CLIENT  # one client's embedding rows: a mean mixes every client's
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
-        """The token embedding must be uploaded, by one client (not an aggregate)."""
+        """The token embedding must be uploaded."""
         uploads = setting.uploads
         require(
-            (uploads is None or any(TOKEN_EMBEDDING.startswith(p) for p in uploads))
-            and setting.threat_model != "aggregate",
+            uploads is None or any(TOKEN_EMBEDDING.startswith(p) for p in uploads),
             f"{key}.name",
             "words",
-            f"reads one client's token embedding ({TOKEN_EMBEDDING}); strategy "
-            f"{setting.strategy!r} (threat model {setting.threat_model!r}) does not upload it",
+            f"reads the client's token embedding ({TOKEN_EMBEDDING}); strategy "
+            f"{setting.strategy!r} does not upload it",
         )
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> WordsLeak:

@@ -87,6 +87,9 @@ UPDATES = frozenset({ThreatModel.UPDATE, ThreatModel.AGGREGATE})
 ONE_UPDATE = frozenset({ThreatModel.UPDATE})
 """One client's own update, as it arrives (replaying it, Adam's signs, its generator)."""
 
+ONE_CLIENT = frozenset(t for t in ThreatModel if t.one_client)
+"""One client's own upload, an update or a probe's gradient (not the round's mean)."""
+
 
 def refusal(reads: frozenset[ThreatModel], threat: ThreatModel) -> str | None:
     """One line refusing a component that reads the threat models ``reads`` under
