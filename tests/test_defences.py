@@ -12,16 +12,9 @@ from flwr.app import ArrayRecord, RecordDict
 from inprocess import InProcessRun, run_inprocess, tiny_table
 
 from fedsim.clients.base import ClientEnv
-from fedsim.clients.defences import (
-    DPSGD,
-    ClipParams,
-    DPSGDParams,
-    GaussianNoise,
-    GaussianParams,
-    NormClip,
-    global_norm,
-    protect_upload,
-)
+from fedsim.clients.defences import global_norm, protect_upload
+from fedsim.clients.defences.dp_sgd import DPSGD, DPSGDParams
+from fedsim.clients.defences.noise import ClipParams, GaussianNoise, GaussianParams, NormClip
 from fedsim.clients.replay import ClientReplay
 from fedsim.core import protocol
 from fedsim.core.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict

@@ -13,14 +13,8 @@ from flwr.app import ArrayRecord
 from fedsim.attacks import create_attack
 from fedsim.attacks.base import Observation
 from fedsim.audit.experiment import gradient_probe
-from fedsim.clients.defences import (
-    DEFENCES,
-    Prune,
-    PruneParams,
-    Quantize,
-    QuantizeParams,
-    protect_upload,
-)
+from fedsim.clients.defences import DEFENCES, protect_upload
+from fedsim.clients.defences.compression import Prune, PruneParams, Quantize, QuantizeParams
 from fedsim.core.config import DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction

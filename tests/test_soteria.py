@@ -14,14 +14,8 @@ from inprocess import tiny_table
 from fedsim.attacks import create_attack
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.clients.base import ClientEnv
-from fedsim.clients.defences import (
-    DEFENCES,
-    ProbeContext,
-    Soteria,
-    SoteriaParams,
-    defended_linear,
-    soteria_ratios,
-)
+from fedsim.clients.defences import DEFENCES, ProbeContext
+from fedsim.clients.defences.soteria import Soteria, SoteriaParams, defended_linear, soteria_ratios
 from fedsim.clients.replay import ClientReplay
 from fedsim.core.config import (
     DataConfig,

@@ -15,7 +15,7 @@ classifier and generator (``classifier.*``, ``generator.*``), then
 Under a ``dp-sgd`` defence both stages are DP-SGD: stage 1 through
 :func:`~fedsim.core.training.train_local`'s training hook, stage 2's
 discriminator steps (the only ones reading data) through
-:meth:`~fedsim.clients.defences.DPTraining.private_gradients`, with the
+:meth:`~fedsim.clients.defences.dp_sgd.DPTraining.private_gradients`, with the
 discriminator's BatchNorm layers frozen at their running statistics; the
 generator learns only through the discriminator.
 
@@ -154,7 +154,7 @@ def train_gan(
     ``optimizers``: the discriminator's and the generator's (default: fresh
     :func:`gan_optimizers` with the config's weight decay). Training images
     get the config's augmentation, as in stage 1. Under DP-SGD (a
-    :class:`~fedsim.clients.defences.DPTraining` training hook) each
+    :class:`~fedsim.clients.defences.dp_sgd.DPTraining` training hook) each
     discriminator step is a private one.
     """
     hook = TRAINING_HOOK.get()

@@ -141,7 +141,7 @@ class TrainingHook(Protocol):
     def detach(self, model: nn.Module) -> None: ...
 
 
-# Set around a client's whole train handler (clients/defences.py), so that every
+# Set around a client's whole train handler (clients/defences/chain.py), so that every
 # routine's local training honours a DP-SGD defence without passing it down.
 TRAINING_HOOK: ContextVar[TrainingHook | None] = ContextVar("training_hook", default=None)
 
