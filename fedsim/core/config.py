@@ -470,6 +470,7 @@ class AuditConfig:
     precision: Literal["float32", "float64"] = "float32"  # attacks' arithmetic (no TF32)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "threat_model", ThreatModel(self.threat_model))  # a name, too
         require(
             self.probe_batch_size >= 1, "probe-batch-size", self.probe_batch_size, "must be >= 1"
         )
