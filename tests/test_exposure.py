@@ -101,7 +101,7 @@ def test_refusals_name_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"2 tokens from the alphabet"):
         fmt.sequence([1, 11])
     model = TableModel(torch.zeros(12, 12))
-    with pytest.raises(ValueError, match=">= 100 reference"):
+    with pytest.raises(ValueError, match="at least 100 reference"):
         exposure(model, fmt, [1, 2], reference=10, generator=torch.Generator(), exact_limit=0)
 
 
