@@ -42,6 +42,7 @@ import stat
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -94,13 +95,16 @@ class Checkpoint:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` with NumPy scalars and arrays made loadable by ``weights_only``."""
+    """``value`` with NumPy scalars and arrays and enums (the threat model) made loadable by
+    ``weights_only``."""
+    if isinstance(value, Enum):
+        return value.value
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value.copy())
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {_plain(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return type(value)(_plain(v) for v in value)
     return value
