@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import ScenarioError
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.runner import run_scenario
 

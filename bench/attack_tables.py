@@ -29,7 +29,7 @@ from fedsim.audit.experiment import (
     run_attack_experiment,
     write_attack_outputs,
 )
-from fedsim.core.config import apply_overrides
+from fedsim.core.scenario_file import apply_overrides
 
 DATASETS = {"MNIST": "mnist-embedded", "CIFAR-100": "cifar100-samples"}
 INITS = {"uniform": "uniform", "Xavier normal": "xavier-normal"}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedsim.core.config import load_scenario
+from fedsim.core.scenario_file import load_scenario
 from fedsim.simulation.runner import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

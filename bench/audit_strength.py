@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fedsim.attacks.base import AttackSetting
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
-from fedsim.core.config import load_scenario
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.run_folder import MODEL_FILE
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.strategies import STRATEGIES

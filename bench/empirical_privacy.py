@@ -40,8 +40,9 @@ import pandas as pd
 from rich.console import Console
 
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, scenario_from_dict
+from fedsim.core.config import Scenario
 from fedsim.core.empirical_privacy import gaussian_mechanism_epsilon
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.run_folder import METRICS_FILE
 from fedsim.scenario.validate import validate
 from fedsim.simulation.canary_run import run_with_canary_clients

@@ -32,11 +32,12 @@ import torch
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, PublicData
 from fedsim.audit.candidates import AuditPool
-from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, parse_table
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.seeds import SeedStream, derive_seed
+from fedsim.core.toml_tables import parse_table
 from fedsim.core.training import train_local
 
 

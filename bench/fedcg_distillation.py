@@ -30,9 +30,10 @@ from pathlib import Path
 
 import torch
 
-from fedsim.core.config import ComponentConfig, ModelConfig, component_params
+from fedsim.core.config import ComponentConfig, ModelConfig
 from fedsim.core.gan import GanSplitNet, build_gan_split_net
 from fedsim.core.models import InputSpec
+from fedsim.core.scenario_file import component_params
 from fedsim.strategies.distillation import (
     Teacher,
     distill,

@@ -61,10 +61,10 @@ from paper_tables import (
 
 from fedsim.clients.fedcg import TaskLoss, train_gan
 from fedsim.clients.fedprox import proximal_loss
-from fedsim.core.config import read_toml, scenario_from_dict
 from fedsim.core.data import load_dataset
 from fedsim.core.gan import build_gan_split_net
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.scenario_file import read_toml, scenario_from_dict
 from fedsim.core.training import evaluate, train_local
 from fedsim.simulation.runner import run_scenario
 from fedsim.strategies.distillation import Teacher, distill

@@ -22,8 +22,8 @@ import statistics
 
 from fedsim.attacks.base import AttackSetting
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
-from fedsim.core.config import scenario_from_dict
 from fedsim.core.metrics import median_interval
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.scenario.portfolio import budget
 
 ATTACKS = ("inverting-gradients", "dlg", "sapag")

@@ -54,7 +54,7 @@ OVERRIDES = [
 
 
 def _scenario(audited: bool = False) -> Any:
-    from fedsim.core.config import load_scenario
+    from fedsim.core.scenario_file import load_scenario
 
     audit = [f"audit.enabled={str(audited).lower()}"]
     return load_scenario(ROOT / "scenarios" / "quickstart.toml", [*OVERRIDES, *audit])

@@ -85,7 +85,8 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
-from fedsim.core.config import ScenarioError, apply_overrides, read_toml
+from fedsim.core.config import ScenarioError
+from fedsim.core.scenario_file import apply_overrides, read_toml
 from fedsim.outputs.run_folder import VERDICT_FILE
 from fedsim.sweeps.runs import RUNS_DIR, run_sweep
 from fedsim.sweeps.spec import (

@@ -122,7 +122,7 @@ def child(scenario_path: Path, num_clients: int, rounds: int, report: Path) -> N
     from rich.console import Console
 
     import fedsim.simulation.runner as runner
-    from fedsim.core.config import load_scenario
+    from fedsim.core.scenario_file import load_scenario
     from fedsim.simulation.runner import run_scenario
 
     timings: dict[str, float] = {}

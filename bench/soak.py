@@ -142,7 +142,7 @@ def soak(
     """Run the soak federation into ``run_dir``; its samples."""
     from rich.console import Console
 
-    from fedsim.core.config import load_scenario
+    from fedsim.core.scenario_file import load_scenario
     from fedsim.simulation.runner import run_scenario
 
     overrides = [

@@ -52,9 +52,10 @@ from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import train_defended
 from fedsim.clients.replay import ClientReplay
 from fedsim.core.components import resolve
-from fedsim.core.config import ComponentConfig, Scenario, ScenarioError, scenario_from_dict
+from fedsim.core.config import ComponentConfig, Scenario, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import client_config_record, train_local
 from fedsim.scenario.components import client_spec
 from fedsim.simulation.flower import message_context
@@ -214,7 +215,7 @@ def overhead(pairs: int) -> None:
 
     from rich.console import Console
 
-    from fedsim.core.config import load_scenario
+    from fedsim.core.scenario_file import load_scenario
     from fedsim.scenario.validate import check_components
     from fedsim.simulation.runner import run_scenario
 

@@ -30,10 +30,11 @@ from fedsim.audit import AuditedStrategy, Auditor, ServerView
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
 from fedsim.core.components import resolve
-from fedsim.core.config import AuditConfig, ComponentConfig, scenario_from_dict
+from fedsim.core.config import AuditConfig, ComponentConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.gan import GanSplitNet, build_gan_split_net
 from fedsim.core.models import InputSpec
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.seeds import model_init_seed
 from fedsim.core.training import client_config_record
 from fedsim.scenario.components import client_spec

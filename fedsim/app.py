@@ -36,15 +36,9 @@ from rich.console import Console
 
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
-from fedsim.core.config import (
-    AuditConfig,
-    OutputConfig,
-    Scenario,
-    ScenarioError,
-    load_scenario,
-    require,
-)
+from fedsim.core.config import AuditConfig, OutputConfig, Scenario, ScenarioError, require
 from fedsim.core.plugins import use_plugins
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import RunRecorder, write_summary
 from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario

@@ -27,11 +27,11 @@ from fedsim.core.config import (
     ModelConfig,
     Scenario,
     ScenarioError,
-    parse_table,
-    scenario_from_dict,
 )
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.scenario_file import scenario_from_dict
+from fedsim.core.toml_tables import parse_table
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import AUDIT_FILE, new_run_dir
 from fedsim.scenario.applicability import check_applies

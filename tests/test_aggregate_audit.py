@@ -16,9 +16,10 @@ from inprocess import serve_inprocess
 from fedsim.attacks.base import AGGREGATE_CLIENT
 from fedsim.audit.observe import ServerView, intercept
 from fedsim.core import protocol
-from fedsim.core.config import ClientConfig, ModelConfig, ScenarioError, scenario_from_dict
+from fedsim.core.config import ClientConfig, ModelConfig, ScenarioError
 from fedsim.core.data import Normalization
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import client_config_record
 from fedsim.outputs.run_folder import AUDIT_FILE, LEAKS_FILE
 from fedsim.scenario.validate import check_components

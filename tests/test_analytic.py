@@ -19,17 +19,12 @@ from fedsim.attacks.base import Observation
 from fedsim.audit.experiment import gradient_probe
 from fedsim.audit.fidelity import MATCHED, fidelity_residual
 from fedsim.clients.app import build_client_app
-from fedsim.core.config import (
-    ClientConfig,
-    DataConfig,
-    ModelConfig,
-    ScenarioError,
-    parse_table,
-    scenario_from_dict,
-)
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.scenario_file import scenario_from_dict
+from fedsim.core.toml_tables import parse_table
 from fedsim.core.training import train_local
 from fedsim.core.truth import GroundTruth
 from fedsim.outputs.results import RunRecorder

@@ -25,10 +25,11 @@ from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS
 from fedsim.attacks.registry import create_attack
 from fedsim.attacks.sapag import SAPAGParams
 from fedsim.audit.experiment import Probe, gradient_probe
-from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import Normalization, load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.toml_tables import parse_table
 
 LENET = ModelConfig("lenet-zhu", "uniform")
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fedsim.attacks.base import Observation
-from fedsim.core.config import Scenario, load_scenario
+from fedsim.core.config import Scenario
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.run_folder import AUDIT_FILE, MODEL_FILE
 from fedsim.scenario.components import client_spec
 from fedsim.simulation.runner import run_scenario

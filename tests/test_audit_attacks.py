@@ -10,11 +10,12 @@ from client_updates import observed_update
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation
-from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError, parse_table
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.gan import build_generator
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.toml_tables import parse_table
 from fedsim.core.training import train_local
 
 BUNDLE = load_dataset(DataConfig())

@@ -26,8 +26,9 @@ from fedsim.clients.app import build_client_app
 from fedsim.clients.base import ClientEnv
 from fedsim.core import protocol
 from fedsim.core.canaries import design_canaries
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import ScenarioError
 from fedsim.core.data import load_dataset
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.seeds import SeedStream, stream_rng
 from fedsim.outputs.results import RunRecorder, write_summary
 from fedsim.outputs.run_folder import LEAKS_FILE, new_run_dir

@@ -19,8 +19,9 @@ from flwr.supercore.privacy_accounting import NeighboringRelation, SamplingMetho
 from inprocess import serve_inprocess
 
 from fedsim.core import protocol
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import ScenarioError
 from fedsim.core.empirical_privacy import cosine_epsilon, gaussian_mechanism_epsilon
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import write_summary
 from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE

@@ -22,8 +22,9 @@ from rich.console import Console
 
 from fedsim.attacks.base import AGGREGATE_CLIENT
 from fedsim.core import protocol
-from fedsim.core.config import CentralDPConfig, ModelConfig, ScenarioError, scenario_from_dict
+from fedsim.core.config import CentralDPConfig, ModelConfig, ScenarioError
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.results import write_summary
 from fedsim.outputs.run_folder import (
     AUDIT_FILE,

@@ -24,8 +24,10 @@ from fedsim.attacks.cocktail import (
     unmixed,
     whiten,
 )
-from fedsim.core.config import AUTO, ScenarioError, parse_table, scenario_from_dict
+from fedsim.core.config import AUTO, ScenarioError
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.scenario_file import scenario_from_dict
+from fedsim.core.toml_tables import parse_table
 from fedsim.outputs.run_folder import AUDIT_FILE
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.scenario.validate import check_components

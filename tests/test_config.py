@@ -12,7 +12,8 @@ import pytest
 import tomli_w
 
 from fedsim.cli import main
-from fedsim.core.config import ScenarioError, apply_overrides, load_scenario, scenario_from_dict
+from fedsim.core.config import ScenarioError
+from fedsim.core.scenario_file import apply_overrides, load_scenario, scenario_from_dict
 from fedsim.scenario.validate import check_components, validate
 
 REPO = Path(__file__).resolve().parents[1]

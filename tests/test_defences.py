@@ -17,7 +17,8 @@ from fedsim.clients.defences.dp_sgd import DPSGD, DPSGDParams
 from fedsim.clients.defences.noise import ClipParams, GaussianNoise, GaussianParams, NormClip
 from fedsim.clients.replay import ClientReplay
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, ScenarioError, scenario_from_dict, scenario_to_dict
+from fedsim.core.config import Scenario, ScenarioError
+from fedsim.core.scenario_file import scenario_from_dict, scenario_to_dict
 from fedsim.core.training import client_config_record
 from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import validate

@@ -150,7 +150,7 @@ def _check_fedsim(argv: list[str]) -> None:
         assert exit_.code == 0, f"fedsim {' '.join(argv)}: {err.getvalue().strip()}"
         return  # --version, --help
     if args.command == "run" and args.scenario:
-        from fedsim.core.config import load_scenario
+        from fedsim.core.scenario_file import load_scenario
 
         path = _scenario_file(args.scenario)
         assert path.is_file(), f"no scenario {args.scenario!r}"
@@ -269,7 +269,7 @@ def test_every_toml_block_loads(page: str, block: str, tmp_path: Path) -> None:
     raw = tomllib.loads(block)
     if "strategies" in raw or "seeds" in raw:
         return  # a fedsim compare spec: parsed above
-    from fedsim.core.config import load_scenario
+    from fedsim.core.scenario_file import load_scenario
 
     path = tmp_path / "block.toml"
     path.write_text(block)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedsim.core.config import load_scenario, scenario_from_dict
+from fedsim.core.scenario_file import load_scenario, scenario_from_dict
 from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     CLIENTS_FILE,

@@ -14,7 +14,7 @@ import pytest
 from inprocess import inprocess_recorder, serve_inprocess
 from processes import fedsim
 
-from fedsim.core.config import scenario_from_dict
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.run_folder import (
     LEAKS_FILE,
     METRICS_FILE,

@@ -24,7 +24,8 @@ from test_resume import TINY, reference_run
 
 from fedsim.clients.failures import STRAGGLER_GRACE_S, InjectedFailure, inject_failures
 from fedsim.core import protocol
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import ScenarioError
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
 from fedsim.simulation.failures import FailurePlan, mark
 from fedsim.simulation.loop import Exchange

@@ -13,16 +13,10 @@ from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.fedavg_leakage import FedAvgLeakage, FedAvgLeakageParams, chamfer
 from fedsim.attacks.gradients import relative_residual
-from fedsim.core.config import (
-    ClientConfig,
-    DataConfig,
-    ModelConfig,
-    Scenario,
-    ScenarioError,
-    parse_table,
-)
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.toml_tables import parse_table
 from fedsim.core.training import batch_indices
 from fedsim.scenario.applicability import check_applies
 from fedsim.scenario.portfolio import RECONSTRUCTION_REACH, budget, reconstruction_refusal

@@ -14,9 +14,10 @@ from inprocess import InProcessRun, run_inprocess, tiny_table
 from fedsim.clients.fedcg import FedCGClient
 from fedsim.clients.private_state import state_file
 from fedsim.core import protocol
-from fedsim.core.config import ModelConfig, ScenarioError, scenario_from_dict
+from fedsim.core.config import ModelConfig, ScenarioError
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, build_generator
 from fedsim.core.models import InputSpec
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.run_folder import CLIENT_STATE_DIR, METRICS_FILE
 from fedsim.scenario.validate import check_components
 from fedsim.simulation.runner import run_scenario

@@ -21,9 +21,10 @@ from inprocess import run_inprocess, tiny_table
 
 from fedsim.core import protocol
 from fedsim.core.components import resolve
-from fedsim.core.config import ComponentConfig, ScenarioError, read_toml, scenario_from_dict
+from fedsim.core.config import ComponentConfig, ScenarioError
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.partition import partition_dataset
+from fedsim.core.scenario_file import read_toml, scenario_from_dict
 from fedsim.core.training import load_optimizer_tensors, optimizer_tensors
 from fedsim.outputs.report import write_run_report
 from fedsim.outputs.results import write_summary

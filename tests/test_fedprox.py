@@ -11,7 +11,8 @@ from inprocess import run_inprocess, tiny_table
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.fedprox import FedProxClient
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, scenario_from_dict
+from fedsim.core.config import Scenario
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import client_config_record
 from fedsim.scenario.components import client_spec
 

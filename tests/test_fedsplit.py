@@ -12,7 +12,7 @@ from inprocess import InProcessRun, run_inprocess, tiny_table
 
 from fedsim.clients.fedsplit import FedSplitClient
 from fedsim.clients.private_state import STATE_KEY, load_private, state_file
-from fedsim.core.config import scenario_from_dict
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import evaluate
 from fedsim.outputs.run_folder import CLIENT_STATE_DIR, CLIENTS_FILE, METRICS_FILE
 from fedsim.simulation.runner import run_scenario

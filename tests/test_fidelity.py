@@ -23,15 +23,11 @@ from fedsim.audit.fidelity import MATCHED, fidelity_residual, residual_note
 from fedsim.clients.fedcg import TaskLoss
 from fedsim.clients.fedprox import proximal_loss
 from fedsim.core import protocol
-from fedsim.core.config import (
-    ClientConfig,
-    DataConfig,
-    ModelConfig,
-    load_scenario,
-)
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.gan import build_generator
 from fedsim.core.models import InputSpec, SplitNet, build_model
+from fedsim.core.scenario_file import load_scenario
 from fedsim.core.training import LossFn, cross_entropy_loss, train_local
 from fedsim.core.truth import GroundTruth
 from fedsim.outputs.run_folder import AUDIT_FILE

@@ -22,7 +22,8 @@ import pandas as pd
 import pytest
 
 from fedsim.app import run_dir_of, scenario_from_run_config
-from fedsim.core.config import ScenarioError, load_scenario
+from fedsim.core.config import ScenarioError
+from fedsim.core.scenario_file import load_scenario
 from fedsim.scenarios import scenario_path
 
 REPO = Path(__file__).resolve().parents[1]

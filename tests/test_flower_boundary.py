@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from fedsim.core.config import scenario_from_dict
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.simulation import flower as boundary
 from fedsim.simulation.flower import (
     registered_partitions,

@@ -22,8 +22,9 @@ from flwr.serverapp import strategy as flower
 from inprocess import InProcessGrid, run_inprocess, tiny_table
 
 from fedsim.clients.app import build_client_app
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import ScenarioError
 from fedsim.core.data import load_dataset
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import client_config_record
 from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import check_components

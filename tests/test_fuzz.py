@@ -40,7 +40,7 @@ from inprocess import run_inprocess
 
 from fedsim.attacks import ATTACKS
 from fedsim.cli import build_parser, main
-from fedsim.core.config import load_scenario
+from fedsim.core.scenario_file import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ("quickstart", "audit-fedavg", "audit-fedsplit", "failures")

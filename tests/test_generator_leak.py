@@ -26,17 +26,12 @@ from fedsim.attacks.leakage import LEAKS, LeakInput, PublicData
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
 from fedsim.clients.fedcg import TaskLoss, train_gan
 from fedsim.core import protocol
-from fedsim.core.config import (
-    ClientConfig,
-    DataConfig,
-    ModelConfig,
-    ScenarioError,
-    load_scenario,
-)
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.gan import build_gan_split_net
 from fedsim.core.leak_metrics import RepresentativeScore, score_representatives
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.scenario_file import load_scenario
 from fedsim.core.training import train_local
 from fedsim.scenario.applicability import check_applies
 from fedsim.scenario.validate import check_components

@@ -26,10 +26,11 @@ from fedsim.attacks.grnn import (
     total_variation,
 )
 from fedsim.audit.experiment import Probe, gradient_probe
-from fedsim.core.config import DataConfig, ModelConfig, ScenarioError, parse_table
+from fedsim.core.config import DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.toml_tables import parse_table
 
 LENET = ModelConfig("lenet5-grnn", "uniform")
 

@@ -10,9 +10,9 @@ from fedsim.attacks import ATTACKS
 from fedsim.attacks.ig import InvertingGradients, InvertingGradientsParams, total_variation
 from fedsim.attacks.optim import BatchedAdamW
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
-from fedsim.core.config import parse_table
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.registry import UnknownNameError
+from fedsim.core.toml_tables import parse_table
 
 
 def test_ig_is_an_alias_of_inverting_gradients() -> None:

@@ -16,10 +16,11 @@ from sklearn.metrics import roc_auc_score
 from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LeakInput
 from fedsim.audit.candidates import AuditPool, draw_candidates
-from fedsim.core.config import DataConfig, ScenarioError, load_scenario, scenario_from_dict
+from fedsim.core.config import DataConfig, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.leak_metrics import score_labels, score_membership
 from fedsim.core.protocol import LeakRecord
+from fedsim.core.scenario_file import load_scenario, scenario_from_dict
 from fedsim.outputs.verdict import round_verdict, verdict_line, victim_verdicts
 from fedsim.scenario.components import client_spec
 

@@ -7,7 +7,7 @@ from inprocess import run_inprocess, tiny_table
 
 from fedsim.clients.local import LocalClient
 from fedsim.clients.private_state import load_private
-from fedsim.core.config import scenario_from_dict
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import evaluate
 
 

@@ -26,8 +26,9 @@ from fedsim.attacks.leakage import LEAKS
 from fedsim.attacks.representatives import RepresentativesParams
 from fedsim.audit import auditor
 from fedsim.audit.tasks import run_attack
-from fedsim.core.config import AuditConfig, ScenarioError, scenario_from_dict
+from fedsim.core.config import AuditConfig, ScenarioError
 from fedsim.core.modality import IMAGE, TEXT, modality_of
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.threat import ThreatModel
 from fedsim.outputs.results import write_summary
 from fedsim.outputs.run_folder import LEAKS_FILE, METRICS_FILE, SUMMARY_FILE

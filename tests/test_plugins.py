@@ -21,9 +21,10 @@ import pytest
 from fedsim.attacks import ATTACKS
 from fedsim.cli import main
 from fedsim.core import plugins
-from fedsim.core.config import ScenarioError, load_scenario, scenario_from_dict
+from fedsim.core.config import ScenarioError
 from fedsim.core.models import MODELS
 from fedsim.core.registry import Registry
+from fedsim.core.scenario_file import load_scenario, scenario_from_dict
 from fedsim.scenario.validate import check_components
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from rich.console import Console
 from test_compare import FakeRuns, _configs
 
 from fedsim.cli import main
-from fedsim.core.config import load_scenario
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.run_folder import AUDIT_IMAGES, REPORT_FILE
 from fedsim.simulation.resources import RESOURCES_FILE
 from fedsim.simulation.runner import run_scenario

@@ -31,8 +31,9 @@ from fedsim.attacks.registry import ATTACKS
 from fedsim.audit.tasks import reserved_workers
 from fedsim.cli import main
 from fedsim.core.components import Resolved
-from fedsim.core.config import ScenarioError, load_scenario
+from fedsim.core.config import ScenarioError
 from fedsim.core.devices import TEST_LOGICAL_GPUS_ENV
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.run_folder import AUDIT_FILE, CLIENTS_FILE, METRICS_FILE
 from fedsim.scenario.machine import check_gpu_request
 from fedsim.simulation.resources import (

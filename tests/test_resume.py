@@ -32,14 +32,9 @@ from rich.console import Console
 from fedsim.cli import main as cli_main
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
-from fedsim.core.config import (
-    Scenario,
-    ScenarioError,
-    load_scenario,
-    scenario_from_dict,
-    scenario_to_dict,
-)
+from fedsim.core.config import Scenario, ScenarioError
 from fedsim.core.protocol import RoundRecord
+from fedsim.core.scenario_file import load_scenario, scenario_from_dict, scenario_to_dict
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import (
     AUDIT_FILE,

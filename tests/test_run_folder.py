@@ -11,8 +11,9 @@ import pytest
 import tomli_w
 
 from fedsim.cli import main
-from fedsim.core.config import OutputConfig, ScenarioError, scenario_from_dict
+from fedsim.core.config import OutputConfig, ScenarioError
 from fedsim.core.protocol import AuditRecord
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.results import write_summary
 from fedsim.outputs.run_folder import (
     AUDIT_FILE,

@@ -22,8 +22,9 @@ from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.cli import main as cli_main
-from fedsim.core.config import OutputConfig, ScenarioError, scenario_from_dict, scenario_to_dict
+from fedsim.core.config import OutputConfig, ScenarioError
 from fedsim.core.protocol import RoundRecord
+from fedsim.core.scenario_file import scenario_from_dict, scenario_to_dict
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import (
     CHECKPOINT_DIR,

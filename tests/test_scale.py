@@ -14,8 +14,8 @@ from flwr.app import RecordDict
 from rich.console import Console
 
 from fedsim.clients.base import ClientEnv
-from fedsim.core.config import load_scenario
 from fedsim.core.partition import partition_dataset
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE
 from fedsim.scenario.components import client_spec
 from fedsim.simulation.runner import run_scenario

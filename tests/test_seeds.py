@@ -15,7 +15,7 @@ import pytest
 from flwr.app import RecordDict
 
 from fedsim.clients.base import ClientEnv
-from fedsim.core.config import scenario_from_dict
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.seeds import Party, SeedStream, choose, choose_below, derive_seed, stream_rng
 from fedsim.scenario.components import client_spec
 

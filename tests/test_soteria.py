@@ -17,16 +17,11 @@ from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import DEFENCES, ProbeContext
 from fedsim.clients.defences.soteria import Soteria, SoteriaParams, defended_linear, soteria_ratios
 from fedsim.clients.replay import ClientReplay
-from fedsim.core.config import (
-    DataConfig,
-    ModelConfig,
-    Scenario,
-    ScenarioError,
-    scenario_from_dict,
-)
+from fedsim.core.config import DataConfig, ModelConfig, Scenario, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, SplitNet, build_model
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.truth import probe_gradient
 from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import validate

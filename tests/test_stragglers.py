@@ -22,7 +22,8 @@ from rich.console import Console
 
 from fedsim.clients.fedavg import FedAvgClient
 from fedsim.core import protocol
-from fedsim.core.config import ScenarioError, scenario_from_dict
+from fedsim.core.config import ScenarioError
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import client_config_record
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import CLIENTS_FILE, METRICS_FILE

@@ -19,18 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.core.config import (
-    ComponentConfig,
-    DataConfig,
-    ModelConfig,
-    ScenarioError,
-    scenario_from_dict,
-    scenario_to_dict,
-)
+from fedsim.core.config import ComponentConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.generated import SYNTHETIC, Synthetic, SyntheticParams
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.partition import _GENERATED, client_data, partition_dataset
+from fedsim.core.scenario_file import scenario_from_dict, scenario_to_dict
 from fedsim.core.seeds import SeedStream
 
 REPO = Path(__file__).resolve().parents[1]

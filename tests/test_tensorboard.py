@@ -12,8 +12,8 @@ from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedsim.clients.app import build_client_app
-from fedsim.core.config import scenario_from_dict
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.figures import draw_pairs, scored_pairs
 from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import (

@@ -26,9 +26,10 @@ from fedsim.audit.experiment import (
     run_attack_experiment,
 )
 from fedsim.audit.fidelity import attacker_residual
-from fedsim.core.config import AUTO, ScenarioError, load_scenario
+from fedsim.core.config import AUTO, ScenarioError
 from fedsim.core.metrics import median_interval, success_interval
 from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.verdict import round_verdict, victim_verdict, victim_verdicts
 from fedsim.scenario.portfolio import resolve_attacks
 from fedsim.scenario.validate import check_components

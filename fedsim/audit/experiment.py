@@ -46,7 +46,6 @@ from fedsim.core.config import (
     ModelConfig,
     ScenarioError,
     first_line,
-    lookup,
     require,
 )
 from fedsim.core.data import (
@@ -58,6 +57,7 @@ from fedsim.core.devices import pick_device
 from fedsim.core.metrics import ReconstructionScore
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.protocol import AuditRecord, kebab
+from fedsim.core.scenario_file import lookup
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.threat import SharedKind, ThreatModel
 from fedsim.core.truth import GroundTruth, probe_gradient

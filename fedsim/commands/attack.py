@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.commands import COMMANDS
-from fedsim.core.config import apply_overrides
+from fedsim.core.scenario_file import apply_overrides
 from fedsim.core.threat import SharedKind
 
 if TYPE_CHECKING:
@@ -122,7 +122,6 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
         ClientConfig,
         DataConfig,
         ModelConfig,
-        lookup,
         require,
         require_image_size,
     )
@@ -130,6 +129,7 @@ def check_flags(experiment: AttackExperiment) -> AttackExperiment:
     from fedsim.core.devices import pick_device
     from fedsim.core.modality import IMAGE
     from fedsim.core.models import INITS, MODELS, InputSpec
+    from fedsim.core.scenario_file import lookup
     from fedsim.core.threat import ThreatModel
     from fedsim.scenario.applicability import check_applies
     from fedsim.scenario.modality import check_pairing, data_modality

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from fedsim.commands import COMMANDS
-from fedsim.core.config import ScenarioError, load_scenario, require
+from fedsim.core.config import ScenarioError, require
+from fedsim.core.scenario_file import load_scenario
 from fedsim.scenarios import scenario_path
 
 

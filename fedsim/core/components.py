@@ -13,8 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from fedsim.core.config import ComponentConfig, component_params, lookup, to_table
+from fedsim.core.config import ComponentConfig
 from fedsim.core.registry import Registry
+from fedsim.core.scenario_file import component_params, lookup
+from fedsim.core.toml_tables import to_table
 
 C = TypeVar("C")
 

@@ -1,8 +1,9 @@
-"""Scenario files: TOML loaded into typed, validated, frozen dataclasses.
+"""The scenario's schema: typed, validated, frozen dataclasses, one per TOML table.
 
 There is one configuration path. A scenario file is read with :mod:`tomllib`,
-``--set key=value`` overrides are merged into the raw tables, and every table
-is converted by :func:`parse_table`, which rejects unknown keys and wrong types
+``--set key=value`` overrides are merged into the raw tables
+(:mod:`fedsim.core.scenario_file`), and every table is converted by
+:func:`~fedsim.core.toml_tables.parse_table`, which rejects unknown keys and wrong types
 and runs each dataclass's own range checks. Component parameters (a strategy's
 ``mu``, a partitioner's ``alpha``, an attack's ``steps``) go through the same
 function, against the frozen ``Params`` dataclass the component registers.
@@ -19,32 +20,15 @@ type hints along each error's location: 664 lines against 643 for this file by h
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import stat
-import tomllib
-import types
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import EnumMeta
-from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal
 
-from fedsim.core.errors import ScenarioError
+from fedsim.core.errors import ScenarioError as ScenarioError  # re-exported
 from fedsim.core.errors import first_line as first_line  # re-exported
+from fedsim.core.errors import require as require  # re-exported
 from fedsim.core.memorisation import MemorisationConfig
 from fedsim.core.plugins import is_path, require_module_name
-from fedsim.core.registry import Registry, UnknownNameError
 from fedsim.core.threat import ThreatModel
-
-T = TypeVar("T")
-
-
-def require(condition: bool, key: str, value: object, allowed: str) -> None:
-    """Raise :class:`ScenarioError` unless ``condition`` holds."""
-    if not condition:
-        raise ScenarioError(key, value, allowed)
 
 
 def require_seed(seed: int, key: str) -> None:
@@ -85,120 +69,6 @@ def require_file_name(name: str, key: str) -> None:
     )
 
 
-def _describe(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal or isinstance(tp, EnumMeta):
-        return "one of " + ", ".join(repr(a) for a in (get_args(tp) or tp))
-    if origin in (types.UnionType, typing.Union):
-        return " or ".join(_describe(a) for a in get_args(tp))
-    if origin is tuple:
-        return f"a list of {_describe(get_args(tp)[0])}"
-    if tp is type(None):
-        return "absent"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )
-
-
-def _convert(tp: Any, value: Any, key: str) -> Any:
-    """Check ``value`` against the type hint ``tp``; return it normalised."""
-    origin = get_origin(tp)
-    if origin is Literal:
-        require(value in get_args(tp), key, value, f"must be {_describe(tp)}")
-        return value
-    if isinstance(tp, EnumMeta):  # a str enum (the threat model): its values are the names
-        require(value in tuple(tp), key, value, f"must be {_describe(tp)}")
-        return tp(value)
-    if origin in (types.UnionType, typing.Union):
-        for option in get_args(tp):
-            try:
-                return _convert(option, value, key)
-            except ScenarioError:
-                continue
-        raise ScenarioError(key, value, f"must be {_describe(tp)}")
-    if origin is tuple:
-        require(isinstance(value, list | tuple), key, value, f"must be {_describe(tp)}")
-        item_type = get_args(tp)[0]
-        return tuple(_convert(item_type, v, f"{key}[{i}]") for i, v in enumerate(value))
-    if tp is type(None):
-        require(value is None, key, value, "must be absent")
-        return None
-    if tp is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        require(ok, key, value, "must be a number")
-        # inf and nan pass every range check and then train garbage or hang.
-        require(math.isfinite(value), key, value, "must be a finite number")
-        return float(value)
-    if tp is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        require(ok, key, value, "must be an integer")
-        return value
-    if tp in (str, bool):
-        require(isinstance(value, tp), key, value, f"must be {_describe(tp)}")
-        return value
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        require(isinstance(value, Mapping), key, value, "must be a table")
-        return parse_table(tp, value, key)
-    if tp is dict or get_origin(tp) is dict:
-        require(isinstance(value, Mapping), key, value, "must be a table")
-        return dict(value)
-    raise TypeError(f"unsupported config type {tp!r} for {key}")
-
-
-def parse_table(cls: type[T], table: Mapping[str, Any], prefix: str = "") -> T:
-    """Build dataclass ``cls`` from a TOML table, strictly.
-
-    Unknown keys, wrong types and values the class's ``__post_init__`` rejects
-    raise :class:`ScenarioError` naming the full dotted key.
-    """
-    hints = typing.get_type_hints(cls)
-    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    dotted = f"{prefix}." if prefix else ""
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        raise ScenarioError(
-            f"{dotted}{unknown[0]}",
-            table[unknown[0]],
-            f"unknown key; allowed keys: {', '.join(fields) or '(none)'}",
-        )
-    kwargs = {
-        f.name: _convert(hints[f.name], table[key], f"{dotted}{key}")
-        for key, f in fields.items()
-        if key in table
-    }
-    missing = [
-        key
-        for key, f in fields.items()
-        if key not in table
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ScenarioError(f"{dotted}{missing[0]}", None, "required key is missing")
-    try:
-        return cls(**kwargs)
-    except ScenarioError as err:
-        if err.key.startswith(dotted):
-            raise
-        raise ScenarioError(f"{dotted}{err.key}", err.value, err.allowed) from None
-
-
-def to_table(obj: Any, keep_none: bool = False) -> Any:
-    """Inverse of :func:`parse_table`: a TOML-ready dict with kebab-case keys (``None``
-    fields left out, as TOML has no null, unless ``keep_none``)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {
-            f.name.replace("_", "-"): to_table(getattr(obj, f.name), keep_none)
-            for f in dataclasses.fields(obj)
-            if keep_none or getattr(obj, f.name) is not None
-        }
-    if isinstance(obj, tuple | list):
-        return [to_table(v, keep_none) for v in obj]
-    if isinstance(obj, Mapping):
-        return {k: to_table(v, keep_none) for k, v in obj.items()}
-    return obj
-
-
 @dataclass(frozen=True)
 class ComponentConfig:
     """A component named in a scenario: ``name`` plus that component's parameters.
@@ -212,18 +82,6 @@ class ComponentConfig:
 
     def __hash__(self) -> int:  # params is a dict; configs are cache keys
         return hash((self.name, repr(sorted(self.params.items()))))
-
-
-def _component(table: Any, key: str, default: str) -> ComponentConfig:
-    if table is None:
-        return ComponentConfig(default)
-    if isinstance(table, str):
-        return ComponentConfig(table)
-    require(isinstance(table, Mapping), key, table, "must be a name or a table with 'name'")
-    params = dict(table)
-    name = params.pop("name", default)
-    require(isinstance(name, str), f"{key}.name", name, "must be a string")
-    return ComponentConfig(name, params)
 
 
 @dataclass(frozen=True)
@@ -624,188 +482,3 @@ class Scenario:
             require(bool(entry.strip()), f"plugins[{i}]", entry, "must not be empty")
             if not is_path(entry):
                 require_module_name(entry, f"plugins[{i}]")
-
-
-def _parse_value(text: str) -> Any:
-    """Parse an override's value as TOML; bare words are strings."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Merge ``key.path=value`` overrides into the raw scenario tables."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        require(bool(sep) and bool(key.strip()), "--set", item, "must look like key.path=value")
-        parts = key.strip().split(".")
-        require(
-            all(part.strip() for part in parts),
-            "--set",
-            item,
-            f"key {key.strip()!r} has an empty part; must look like key.path=value "
-            "(e.g. federation.rounds=5)",
-        )
-        parts = [part.strip() for part in parts]
-        node = raw
-        for i, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if isinstance(child, str) and part in ("strategy", "partitioner"):
-                child = node[part] = {"name": child}
-            require(
-                isinstance(child, dict),
-                ".".join(parts[: i + 1]),
-                child,
-                "is not a table, cannot set a key inside it",
-            )
-            node = child
-        node[parts[-1]] = _parse_value(text.strip())
-    return raw
-
-
-def _table(value: Any, key: str) -> dict[str, Any]:
-    require(isinstance(value, Mapping), key, value, "must be a table")
-    return dict(value)
-
-
-def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
-    """Raw tables (already merged with overrides) as a well-formed :class:`Scenario`.
-
-    This checks form only: keys, types and ranges. Whether the named
-    components exist and fit together, and whether this machine can run the
-    scenario, is :mod:`fedsim.scenario.validate`'s job.
-    """
-    tables = dict(raw)
-    strategy = _component(tables.pop("strategy", None), "strategy", "fedavg")
-    data_table = _table(tables.pop("data", {}), "data")
-    partitioner = _component(data_table.pop("partitioner", None), "data.partitioner", "iid")
-    generator = _table(data_table.pop("generator", {}), "data.generator")
-    audit_table = _table(tables.pop("audit", {}), "audit")
-    listed = {key: audit_table.pop(key, None) for key in ("attacks", "leaks")}
-    defence_tables = tables.pop("defences", [])
-    require(
-        isinstance(defence_tables, list),
-        "defences",
-        defence_tables,
-        "must be a list of defence tables",
-    )
-    scenario = parse_table(Scenario, {**tables, "data": data_table, "audit": audit_table})
-    scenario = dataclasses.replace(
-        scenario,
-        strategy=strategy,
-        data=dataclasses.replace(
-            scenario.data,
-            partitioner=partitioner,
-            generator=ComponentConfig(scenario.data.dataset, generator),
-        ),
-        defences=tuple(_component(t, f"defences[{i}]", "") for i, t in enumerate(defence_tables)),
-    )
-    audit = scenario.audit
-    for key, tables in listed.items():
-        if tables is not None:
-            default = "dlg" if key == "attacks" else ""
-            parsed = _components_or_auto(tables, f"audit.{key}", default)
-            audit = dataclasses.replace(audit, **{key: parsed})  # type: ignore[arg-type]
-    # The replace re-runs the checks.
-    return dataclasses.replace(scenario, audit=audit) if audit != scenario.audit else scenario
-
-
-def _components_or_auto(
-    tables: Any, key: str, default: str
-) -> tuple[ComponentConfig, ...] | Literal["auto"]:
-    """``"auto"`` or a list of component tables (``audit.attacks``, ``audit.leaks``)."""
-    require(
-        isinstance(tables, list) or tables == AUTO,
-        key,
-        tables,
-        f'must be "{AUTO}" or a list of tables {{name = "...", ...}}',
-    )
-    if tables == AUTO:
-        return AUTO
-    return tuple(_component(t, f"{key}[{i}]", default) for i, t in enumerate(tables))
-
-
-def path_kind(path: Path) -> str:
-    """What ``path`` is, for a refusal that says it: "a directory", "missing", ..."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:  # a dangling link too: nothing is there to read
-        return "missing (no such file or directory)"
-    except OSError as err:
-        return f"unreadable ({err.strerror})"
-    kinds = [
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a file"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-    ]
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
-
-
-def read_toml(path: str | Path, key: str = "scenario") -> dict[str, Any]:
-    """The tables of TOML file ``path``; a missing or malformed file is a :class:`ScenarioError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ScenarioError(key, str(path), f"is {path_kind(path)}; expected a TOML file")
-    try:
-        return tomllib.loads(path.read_bytes().decode("utf-8"))
-    except OSError as err:
-        raise ScenarioError(key, str(path), f"cannot be read ({err.strerror})") from None
-    except UnicodeDecodeError as err:
-        raise ScenarioError(
-            key, str(path), f"is not UTF-8 text (byte {err.start}); TOML files are UTF-8"
-        ) from None
-    except tomllib.TOMLDecodeError as err:
-        raise ScenarioError(key, str(path), f"is not valid TOML: {err}") from None
-
-
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Read and override a scenario file; check its form (see :func:`scenario_from_dict`)."""
-    path = Path(path)
-    raw = read_toml(path)
-    raw.setdefault("name", path.stem)
-    scenario = scenario_from_dict(apply_overrides(raw, overrides or []))
-    # A plugin's path means the same from any directory: relative to the scenario file.
-    plugins = tuple(
-        str((path.parent / entry).resolve()) if is_path(entry) else entry
-        for entry in scenario.plugins
-    )
-    return dataclasses.replace(scenario, plugins=plugins)
-
-
-def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
-    """The resolved scenario as TOML-ready tables (component params inlined)."""
-    table = to_table(scenario)
-    for path in (("strategy",), ("data", "partitioner")):
-        parent = table
-        for part in path[:-1]:
-            parent = parent[part]
-        parent[path[-1]] = _inline_component(parent[path[-1]])
-    generator = table["data"].pop("generator")
-    if generator["params"]:  # a table of parameters only: data.dataset names the generator
-        table["data"]["generator"] = generator["params"]
-    for key in ("attacks", "leaks"):
-        if getattr(scenario.audit, key) != AUTO:
-            table["audit"][key] = [_inline_component(a) for a in table["audit"][key]]
-    table["defences"] = [_inline_component(d) for d in table["defences"]]
-    return typing.cast(dict[str, Any], table)
-
-
-def _inline_component(component: dict[str, Any]) -> dict[str, Any]:
-    return {"name": component["name"], **component.get("params", {})}
-
-
-def lookup(registry: Registry[Any], name: str, key: str) -> Any:
-    """Registry lookup that reports the scenario key on failure."""
-    try:
-        return registry.get(name)
-    except UnknownNameError:
-        raise ScenarioError(key, name, f"allowed: {', '.join(registry.names())}") from None
-
-
-def component_params(component: Any, cfg: ComponentConfig, key: str) -> Any:
-    """``cfg.params`` validated against ``component.Params`` (a frozen dataclass)."""
-    return parse_table(component.Params, cfg.params, key)

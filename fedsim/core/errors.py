@@ -19,3 +19,9 @@ class ScenarioError(ValueError):
 def first_line(err: BaseException) -> str:
     """An exception's first line for a one-line refusal (its type when it has no text)."""
     return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def require(condition: bool, key: str, value: object, allowed: str) -> None:
+    """Raise :class:`ScenarioError` unless ``condition`` holds."""
+    if not condition:
+        raise ScenarioError(key, value, allowed)

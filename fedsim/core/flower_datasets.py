@@ -97,7 +97,7 @@ class _NotTomlError(TypeError):
 
 
 def _toml_type(tp: Any) -> Any:
-    """Flower's type hint as one :func:`~fedsim.core.config.parse_table` checks: a list
+    """Flower's type hint as one :func:`~fedsim.core.toml_tables.parse_table` checks: a list
     (or NumPy array) of X becomes ``tuple[X, ...]``, ``int | float`` a number."""
     origin = get_origin(tp)
     if tp in (int, float, str, bool, type(None)) or origin is Literal:

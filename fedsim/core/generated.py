@@ -27,8 +27,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedsim.core.config import DataConfig, component_params, require
+from fedsim.core.config import DataConfig, require
 from fedsim.core.raw import RawDataset
+from fedsim.core.scenario_file import component_params
 from fedsim.core.seeds import SeedStream, stream_rng
 
 

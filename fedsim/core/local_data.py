@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim.core.config import ScenarioError, first_line, path_kind
+from fedsim.core.config import ScenarioError, first_line
 from fedsim.core.flower_datasets import INDEX, LABEL, offline_import
 from fedsim.core.raw import RawDataset
+from fedsim.core.scenario_file import path_kind
 
 if TYPE_CHECKING:
     from PIL.Image import Image

@@ -14,8 +14,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from fedsim.core.config import ClientConfig, parse_table
+from fedsim.core.config import ClientConfig
 from fedsim.core.modality import of_inputs
+from fedsim.core.toml_tables import parse_table
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -21,7 +21,8 @@ import tomli_w
 import torch
 from flwr.app import ArrayRecord
 
-from fedsim.core.config import OutputConfig, Scenario, ScenarioError, require, scenario_to_dict
+from fedsim.core.config import OutputConfig, Scenario, ScenarioError, require
+from fedsim.core.scenario_file import scenario_to_dict
 
 METRICS_FILE = "metrics.csv"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedsim.core.config import load_scenario
 from fedsim.core.data import load_dataset
+from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.run_folder import SCENARIO_FILE
 from fedsim.outputs.tables import Column, Table, number_text
 

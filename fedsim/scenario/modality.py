@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from fedsim.core.components import Resolved
-from fedsim.core.config import DataConfig, FederationConfig, lookup, require
+from fedsim.core.config import DataConfig, FederationConfig, require
 from fedsim.core.data import DATASETS
 from fedsim.core.memorisation import MemorisationConfig
 from fedsim.core.modality import ANY, TEXT, modality_of
 from fedsim.core.models import InputSpec
 from fedsim.core.registry import Registry
+from fedsim.core.scenario_file import lookup
 
 
 def data_modality(data: DataConfig) -> str:

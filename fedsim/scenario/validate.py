@@ -1,6 +1,6 @@
 """Is a well-formed scenario runnable? Checked before Ray starts, so bad input costs nothing.
 
-:func:`fedsim.core.config.load_scenario` checks a scenario's form (keys, types,
+:func:`fedsim.core.scenario_file.load_scenario` checks a scenario's form (keys, types,
 ranges, finite numbers, seeds). Here, what it means, in two steps:
 
 - :func:`check_components`: every name a scenario gives is registered, every
@@ -40,7 +40,6 @@ from fedsim.core.config import (
     Scenario,
     ScenarioError,
     first_line,
-    lookup,
     require,
 )
 from fedsim.core.data import (
@@ -59,6 +58,7 @@ from fedsim.core.partition import (
     resolve_partitioner,
 )
 from fedsim.core.plugins import RegistrationError, use_plugins
+from fedsim.core.scenario_file import lookup
 from fedsim.core.training import smallest_batch
 from fedsim.scenario.applicability import (
     audit_notes,

@@ -21,14 +21,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedsim.clients.private_state import read_private
-from fedsim.core.config import (
-    Scenario,
-    ScenarioError,
-    first_line,
-    load_scenario,
-    path_kind,
-    require,
-)
+from fedsim.core.config import Scenario, ScenarioError, first_line, require
+from fedsim.core.scenario_file import load_scenario, path_kind
 from fedsim.outputs.run_folder import (
     CHECKPOINT_DIR,
     CLIENT_STATE_DIR,

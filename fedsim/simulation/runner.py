@@ -24,10 +24,11 @@ from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.clients.replay import ClientReplay
 from fedsim.core import protocol
-from fedsim.core.config import BackendConfig, Scenario, first_line, scenario_to_dict
+from fedsim.core.config import BackendConfig, Scenario, first_line
 from fedsim.core.data import load_dataset
 from fedsim.core.devices import gpu_if
 from fedsim.core.modality import input_spec
+from fedsim.core.scenario_file import scenario_to_dict
 from fedsim.core.training import client_config_record
 from fedsim.outputs.progress import Phases
 from fedsim.outputs.report import write_run_report

@@ -34,7 +34,8 @@ import pandas as pd
 import tomli_w
 from rich.console import Console
 
-from fedsim.core.config import Scenario, ScenarioError, scenario_to_dict
+from fedsim.core.config import Scenario, ScenarioError
+from fedsim.core.scenario_file import scenario_to_dict
 from fedsim.outputs.run_folder import CHECKPOINT_DIR, METRICS_FILE, SCENARIO_FILE, unlock_run_dir
 from fedsim.simulation.checkpoint import checkpointed_round
 from fedsim.simulation.children import ChildRuns

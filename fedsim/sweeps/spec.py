@@ -37,16 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fedsim.core.config import (
-    Scenario,
-    ScenarioError,
-    parse_table,
-    read_toml,
-    require,
-    require_file_name,
-    require_seed,
-    scenario_from_dict,
-)
+from fedsim.core.config import Scenario, ScenarioError, require, require_file_name, require_seed
+from fedsim.core.scenario_file import read_toml, scenario_from_dict
+from fedsim.core.toml_tables import parse_table
 from fedsim.outputs.tables import DEFAULT_SUCCESS_PSNR
 from fedsim.scenario.validate import check_components, check_machine
 
