@@ -340,6 +340,7 @@ def test_batching_victims_changes_speed_not_results(one_model: bool) -> None:
 # --- the papers' claims ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a long attack: 45-60 s here
 def test_dlg_recovers_real_cifar_images_under_uniform_init() -> None:
     """DLG, LeNet-Zhu U(-0.5, 0.5), batch 1, 8 real CIFAR-100 images: median >= 30 dB.
 
@@ -358,6 +359,7 @@ def test_dlg_recovers_real_cifar_images_under_uniform_init() -> None:
     assert statistics.median(psnr) >= 30.0, psnr
 
 
+@pytest.mark.slow  # a long attack: 45-60 s here
 def test_sapag_beats_dlg_under_xavier_init() -> None:
     """Same 8 images, models and seeds, Xavier-normal weights: SAPAG >> DLG.
 

@@ -43,6 +43,7 @@ def _psnr(name: str, observation: Observation, truth: torch.Tensor, labels: torc
     return score_reconstruction(rec.images, truth, rec.labels, labels).psnr
 
 
+@pytest.mark.slow  # a long attack: 45-60 s here
 @pytest.mark.parametrize("seed", [0, 1])
 def test_unrolling_recovers_a_two_step_update_the_one_step_reading_cannot(seed: int) -> None:
     observation, truth, labels = _two_step_update(seed)

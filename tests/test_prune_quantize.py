@@ -87,6 +87,7 @@ def test_bad_parameters_are_refused_in_one_line(params: dict[str, object], key: 
     assert err.value.key == key
 
 
+@pytest.mark.slow  # a long attack: 45-60 s here
 def test_pruning_nine_tenths_of_the_gradient_defeats_dlg() -> None:
     # DLG on batch-1 CIFAR-100 gradients under LeNet-Zhu U(-0.5, 0.5), the setting
     # where tests/test_attacks.py sees it succeed (50 L-BFGS steps, 2 restarts).
