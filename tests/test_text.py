@@ -32,7 +32,7 @@ from fedsim.text.models import OUTPUT_WEIGHT, TOKEN_EMBEDDING
 from fedsim.text.shakespeare import roles
 from fedsim.text.tokens import CANARY_TOKENS, OOV
 from fedsim.text.words import input_tokens, score_tokens
-from tests.client_updates import observed_update
+from client_updates import observed_update
 
 WORDS = DataConfig(
     dataset="shakespeare-words",
