@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from client_updates import observed_update
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.attacks.base import PublicData
@@ -32,7 +33,6 @@ from fedsim.text.models import OUTPUT_WEIGHT, TOKEN_EMBEDDING
 from fedsim.text.shakespeare import roles
 from fedsim.text.tokens import CANARY_TOKENS, OOV
 from fedsim.text.words import input_tokens, score_tokens
-from client_updates import observed_update
 
 WORDS = DataConfig(
     dataset="shakespeare-words",
