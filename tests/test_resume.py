@@ -590,6 +590,9 @@ AUDITED_SWEEP_BASE: dict[str, Any] = {
     "audit": {
         "enabled": True,
         "attacks": [{"name": "dlg", "steps": 5}, {"name": "dlg", "steps": 60}],
+        # No leak analyses: what is resumed here is the attacks' audit. (In one full run a
+        # failing test plugin's label analysis reached this sweep's "auto" leaks: not found.)
+        "leaks": [],
         "victims": 1,
         "rounds": [2],
     },
