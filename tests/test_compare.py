@@ -15,6 +15,7 @@ from rich.console import Console
 from fedsim.cli import main
 from fedsim.core.config import Scenario, ScenarioError
 from fedsim.outputs.run_folder import AUDIT_FILE, METRICS_FILE, VERDICT_FILE
+from fedsim.outputs.run_folder import REPORT_FILE as RUN_REPORT_FILE
 from fedsim.sweeps.report import PLOT_FILE, REPORT_FILE, RESULTS_FILE, TABLE_CSV, TABLE_MD
 from fedsim.sweeps.runs import MARKER, RUNS_DIR, run_sweep
 from fedsim.sweeps.spec import Configuration, configurations, load_spec
@@ -252,6 +253,18 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
     assert len(outcome.ran) == 5
     assert outcome.table.set_index("configuration").loc["FedAvg + DP 0.1", "seeds"] == 1
     assert "Failed runs" in (tmp_path / "out" / REPORT_FILE).read_text()
+
+
+def test_a_sweep_whose_every_run_failed_still_writes_its_report(tmp_path: Path) -> None:
+    spec, configs = _configs(tmp_path)
+    every = frozenset(c.scenario.name for c in configs)
+
+    outcome = run_sweep(spec, configs, tmp_path / "out", Console(quiet=True), FakeRuns(every))
+
+    assert len(outcome.failed) == len(configs) and outcome.table.empty
+    assert "(no finished runs)" in (tmp_path / "out" / REPORT_FILE).read_text()
+    page = (tmp_path / "out" / RUN_REPORT_FILE).read_text()
+    assert "No finished runs" in page and str(configs[0].path) in page
 
 
 def test_a_finished_run_missing_its_metrics_is_run_again(tmp_path: Path) -> None:

@@ -325,7 +325,9 @@ def comparison_table(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_
     """A sweep's summary (``fedsim compare``): per configuration and attack, mean ± std over
     seeds (accuracy in %, PSNR in dB). The attack, spread, other kinds' verdict and epsilon
     columns (the accountant's, and the canaries' lower bound) appear only where the sweep
-    has them."""
+    has them. A sweep without finished runs gives a table without rows."""
+    if table.empty:
+        return Table((Column("configuration", "configuration", "text"),), ())
     with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
     empirical = "epsilon-empirical-mean"
     with_empirical = empirical in table and bool(np.isfinite(table[empirical]).any())
