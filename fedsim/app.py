@@ -40,15 +40,16 @@ from fedsim.core.config import AuditConfig, OutputConfig, Scenario, ScenarioErro
 from fedsim.core.plugins import use_plugins
 from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.report import write_run_report
-from fedsim.outputs.results import RunRecorder, write_summary
+from fedsim.outputs.results import RunRecorder
 from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
 from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import validate
 from fedsim.scenarios import scenario_path, shipped_scenarios
 from fedsim.simulation.flower import quiet_flower, simulated
 from fedsim.simulation.resources import KEEP_IDLE_WORKERS
-from fedsim.simulation.runner import serve
+from fedsim.simulation.runner import keep_failed_run, serve, write_run_outputs
 from fedsim.strategies import STRATEGIES
+from fedsim.strategies.base import TooFewReplies
 
 
 def scenario_from_run_config(run_config: Mapping[str, object]) -> Scenario:
@@ -111,19 +112,14 @@ def main(grid: Grid, context: Context) -> None:
     )
     _start_audit_ray(scenario.audit, grid)
     recorder = RunRecorder(run_dir, fed.rounds, console)
-    arrays = serve(grid, components, recorder, console)
+    try:
+        arrays = serve(grid, components, recorder, console)
+    except TooFewReplies:
+        raise
+    except Exception as err:  # what the rounds before it computed is kept, as fedsim run does
+        raise keep_failed_run(err, components, recorder) from err
     save_model(arrays, run_dir)
-    departures = components.strategy.cls.departures(components.strategy.params)
-    console.print(
-        write_summary(
-            scenario,
-            recorder.rows,
-            run_dir,
-            recorder.wall_seconds,
-            departures,
-            components.audit.notes,
-        )
-    )
+    console.print(write_run_outputs(components, recorder))
     console.print(f"report: {write_run_report(run_dir)}")
 
 

@@ -11,9 +11,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from inprocess import inprocess_recorder, serve_inprocess
+import tomli_w
+from flwr.app import Context, RecordDict
+from inprocess import InProcessGrid, inprocess_recorder, serve_inprocess
 from processes import fedsim
 
+from fedsim import app
+from fedsim.clients.app import build_client_app
 from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.run_folder import (
     LEAKS_FILE,
@@ -22,8 +26,10 @@ from fedsim.outputs.run_folder import (
     SUMMARY_FILE,
     TRACEBACK_FILE,
 )
+from fedsim.scenario.components import client_spec
 from fedsim.scenario.validate import check_components
-from fedsim.simulation.runner import keep_failed_run
+from fedsim.simulation.flower import message_context
+from fedsim.simulation.runner import RunFailed, keep_failed_run
 
 pytestmark = pytest.mark.usefixtures("plugin_env")  # the plugin's registration undone after
 
@@ -89,6 +95,25 @@ def test_a_scoring_failure_in_round_two_keeps_round_one_and_says_so_in_one_line(
     assert "\n" not in str(said)
     assert str(said).startswith("the run failed after 1 complete round (RuntimeError: ")
     assert str(said).endswith(f"the full traceback is in {run_dir / TRACEBACK_FILE}")
+
+
+def test_the_flower_apps_server_keeps_round_one_as_fedsim_run_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, name, _ = _failing_scenario(tmp_path)
+    scenario_file = tmp_path / "late-failure.toml"
+    scenario_file.write_text(tomli_w.dumps(table))
+    out = tmp_path / "run"
+    client = build_client_app(client_spec(scenario_from_dict(table)), "fedavg", None)
+    grid = InProcessGrid(client, 2)
+    monkeypatch.setattr(app, "_start_audit_ray", lambda *_: None)  # the audit runs in process
+    config = {"scenario": str(scenario_file), "out": str(out)}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+
+    with message_context(), pytest.raises(RunFailed, match="failed after 1 complete round"):
+        app.main(grid, context)
+
+    _kept_round_one(out, name)
 
 
 @pytest.mark.slow

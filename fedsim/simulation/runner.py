@@ -437,12 +437,12 @@ def _finish(
             raise result
         raise keep_failed_run(result, components, recorder) from result
     save_model(result, recorder.run_dir)
-    console.print(_write_outputs(components, recorder))
+    console.print(write_run_outputs(components, recorder))
     console.print(f"report: {write_run_report(recorder.run_dir)}")
     return RunResult(recorder.run_dir, recorder.rows, result)
 
 
-def _write_outputs(components: Components, recorder: RunRecorder) -> str:
+def write_run_outputs(components: Components, recorder: RunRecorder) -> str:
     """The run's ``summary.md`` (its text returned) of the rounds ``recorder`` holds."""
     departures = components.strategy.cls.departures(components.strategy.params)
     return write_summary(
@@ -464,7 +464,7 @@ def keep_failed_run(err: BaseException, components: Components, recorder: RunRec
     rounds = len(recorder.rows)
     kept = "nothing to report"
     if rounds:
-        _write_outputs(components, recorder)
+        write_run_outputs(components, recorder)
         write_run_report(run_dir)
         last = recorder.rows[-1][protocol.ROUND]
         kept = f"the summary and report of round{f's 1-{last}' if last > 1 else ' 1'} are"
