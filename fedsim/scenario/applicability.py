@@ -11,15 +11,17 @@ summary says what it left out and which valid settings are degenerate
 (:func:`audit_notes`).
 
 The pairs: strategy x threat model (:func:`check_strategy_threat`), threat model x
-attack or analysis and strategy or dataset x analysis (:func:`check_applies`), defence
+attack or analysis and strategy or dataset (its modality too) x analysis
+(:func:`check_applies`), defence
 x threat model (:func:`check_defence_threat`), and the threat model against central DP's
 clipping and the one-run canaries (:func:`check_threat_options`).
 """
 
 from __future__ import annotations
 
+from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, AttackSetting
-from fedsim.attacks.leakage import LeakAnalysis
+from fedsim.attacks.leakage import LEAKS, LeakAnalysis
 from fedsim.core.components import Resolved
 from fedsim.core.config import (
     AUTO,
@@ -29,7 +31,9 @@ from fedsim.core.config import (
     ScenarioError,
     require,
 )
+from fedsim.core.modality import IMAGE
 from fedsim.core.threat import ThreatModel, refusal
+from fedsim.scenario.modality import check_fits
 from fedsim.strategies import STRATEGIES
 from fedsim.strategies.base import EngineHooks
 
@@ -131,9 +135,11 @@ def check_defence_threat(defences: tuple[Resolved, ...], threat: ThreatModel | N
 
 
 def check_applies(cls: type[Analysis], name: str, setting: AttackSetting, key: str) -> None:
-    """Attack or leak analysis ``cls`` (registered as ``name``) x the threat model (its
-    declared ``threat_models``), then x the strategy's uploads, the dataset and the model
-    (its own ``check_setting``)."""
+    """Attack or leak analysis ``cls`` (registered as ``name``) x the dataset's modality and
+    x the threat model (both declared: ``modality``, ``threat_models``), then x the
+    strategy's uploads, the dataset and the model (its own ``check_setting``)."""
+    registry = LEAKS if issubclass(cls, LeakAnalysis) else ATTACKS
+    check_fits(registry, cls, key, name, setting.data, IMAGE)
     why = refusal(cls.threat_models, setting.threat_model)
     if why is not None:
         raise ScenarioError(f"{key}.name", name, why)

@@ -48,7 +48,14 @@ def check_pairing(
 ) -> None:
     """Refuse ``registry``'s component ``name`` (given at ``key``) for data of another
     modality, naming the components of ``registry`` that take it."""
-    component = lookup(registry, name, key)
+    check_fits(registry, lookup(registry, name, key), key, name, data, default)
+
+
+def check_fits(
+    registry: Registry[Any], component: Any, key: str, name: str, data: DataConfig, default: str
+) -> None:
+    """Refuse ``component`` (``registry``'s ``name``, given at ``key``) for data of another
+    modality, naming the components of ``registry`` that take it."""
     if fits(component, data, default):
         return
     want, have = data_modality(data), modality_of(component, default)

@@ -38,7 +38,7 @@ from fedsim.core.modality import IMAGE
 from fedsim.core.registry import Registry
 from fedsim.core.threat import ThreatModel
 from fedsim.scenario.applicability import check_applies, left_out, shares_nothing
-from fedsim.scenario.modality import check_pairing, fits
+from fedsim.scenario.modality import fits
 
 PORTFOLIO = (
     "analytic-fc",
@@ -160,7 +160,6 @@ def resolve_audit(
     runs: tuple[list[Resolved], list[Resolved]] = ([], [])
     for i, attack in enumerate(audit.attacks):
         key = f"audit.attacks[{i}]"
-        check_pairing(ATTACKS, key, attack.name, setting.data)
         resolved = resolve(ATTACKS, attack, key)
         refusals = []
         for setting, chosen in zip(settings, runs, strict=True):
@@ -239,7 +238,6 @@ def _checked(
     registry: Registry[Any], component: ComponentConfig, key: str, setting: AttackSetting
 ) -> Resolved:
     """The component is registered, its parameters are valid, and the server sees what it needs."""
-    check_pairing(registry, key, component.name, setting.data)
     resolved = resolve(registry, component, key)
     check_applies(resolved.cls, resolved.name, setting, key)
     return resolved
