@@ -78,6 +78,38 @@ def test_a_plugin_attack_sees_an_observation_only() -> None:
     assert set(hints) == {"observation", "seed", "return"}
 
 
+PRESET_ATTACK = """
+from fedsim.attacks import ATTACKS
+from fedsim.attacks.dlg import DLG
+from fedsim.attacks.presets import StepCaps
+
+
+@ATTACKS.register({name!r})
+class LabDLG(DLG):
+    in_auto = True
+    step_caps = StepCaps(7, resnet=3, measured={{"lenet-zhu": 11}}, restarts=1)
+"""
+
+
+def test_a_plugin_attack_with_presets_joins_auto_after_the_portfolio(tmp_path: Path) -> None:
+    from fedsim.scenario.portfolio import PORTFOLIO
+
+    name = f"lab-dlg-{uuid.uuid4().hex[:6]}"
+    plugin = _module(tmp_path, PRESET_ATTACK.format(name=name))
+    raw = _with_plugins(str(plugin)) | {"audit": {"enabled": True, "threat-model": "probe"}}
+
+    attacks = check_components(scenario_from_dict(raw)).attacks
+
+    assert [a.name for a in attacks][-1] == name  # after fedsim's own, in the portfolio's order
+    assert [a.name for a in attacks[:-1]] == [
+        n for n in PORTFOLIO if n in {a.name for a in attacks}
+    ]
+    ours = attacks[-1].params
+    assert (ours.steps, ours.restarts) == (11, 1)  # its own caps for lenet-zhu, no other change
+    dlg = next(a for a in attacks if a.name == "dlg").params
+    assert (dlg.steps, dlg.restarts) == (100, 2)  # the class it extends keeps its own
+
+
 def test_a_plugin_that_fails_to_import_is_one_line(tmp_path: Path) -> None:
     broken = _module(tmp_path, "import no_such_module_of_a_lab\n")
 

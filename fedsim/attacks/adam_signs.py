@@ -85,7 +85,6 @@ from fedsim.core.config import ClientConfig, require
 from fedsim.core.data import Normalization
 from fedsim.core.threat import ONE_UPDATE, SharedKind
 
-NAME = "adam-signs"
 NEIGHBOURHOOD = 3  # a pixel's binary 3x3 neighbourhood indexes the prior's table
 CODES = 1 << NEIGHBOURHOOD**2
 
@@ -335,13 +334,12 @@ def nearest_labels(images: torch.Tensor, public: PublicData, pixels: torch.Tenso
     return public.labels[distance.argmin(dim=1)].long()
 
 
-@ATTACKS.register(NAME)
+@ATTACKS.register("adam-signs")
 class AdamSigns(AnalyticAttack):
     """Images from the sign patterns Adam leaves in a first linear layer's update."""
 
     Params = AdamSignsParams
     params: AdamSignsParams
-    name = NAME
     # The largest client measured with an image recovered (docs/attacks.md,
     # "Adam's sign patterns"): the audit runs it on updates up to this size.
     max_batch = 512
@@ -352,12 +350,12 @@ class AdamSigns(AnalyticAttack):
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """One client's Adam update through a shared first linear layer, public data."""
         refusal = adam_refusal(setting.client)
-        require(refusal is None, f"{key}.name", cls.name, str(refusal))
+        require(refusal is None, f"{key}.name", cls.registered_name(), str(refusal))
         cls.check_architecture(setting, key)
         require(
             setting.held_out,
             f"{key}.name",
-            cls.name,
+            cls.registered_name(),
             f"fits its prior on the server's public data; data.dataset = "
             f"{setting.data.dataset!r} has no held-out split (generated, or its test "
             "images are its training images)",
@@ -370,7 +368,7 @@ class AdamSigns(AnalyticAttack):
         require(
             layer is not None and uploaded(f"{layer}.weight", setting.uploads),
             f"{key}.name",
-            cls.name,
+            cls.registered_name(),
             "needs a shared first linear layer with a bias on the image; "
             f"model {setting.model.name!r} under strategy {setting.strategy!r} has none",
         )
@@ -387,14 +385,18 @@ class AdamSigns(AnalyticAttack):
         if observation.shared_kind != SharedKind.UPDATE or observation.summed_examples:
             refusal = "reads one client's update (not a gradient or a sum of updates)"
         if refusal is not None:
-            raise ValueError(f"{self.name} {refusal}")
+            raise ValueError(f"{self.registered_name()} {refusal}")
         if observation.public is None:
-            raise ValueError(f"{self.name} fits its prior on the server's public data: none given")
+            raise ValueError(
+                f"{self.registered_name()} fits its prior on the server's public data: none given"
+            )
         self.check_batch(observation)
         model, _ = victim_model(observation, torch.device("cpu"), seed)
         layer = first_linear_layer(model)
         if layer is None or f"{layer}.weight" not in observation.shared:
-            raise ValueError(f"{self.name} needs a shared first linear layer with a bias")
+            raise ValueError(
+                f"{self.registered_name()} needs a shared first linear layer with a bias"
+            )
         return layer
 
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:

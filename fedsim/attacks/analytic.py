@@ -68,18 +68,22 @@ from fedsim.core.models import SplitNet
 class AnalyticAttack(Attack):
     """A closed-form attack on an exact gradient (a probe or one plain SGD step)."""
 
-    name: ClassVar[str]
     max_batch: ClassVar[int]
+
+    @classmethod
+    def registered_name(cls) -> str:
+        """The name it is registered under, for its refusals and errors."""
+        return ATTACKS.name_of(cls)
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """Refuse audits without an exact gradient, batches over :attr:`max_batch`,
         and architectures :meth:`check_architecture` rejects."""
-        batch = setting_batch(setting, cls.name, key)
+        batch = setting_batch(setting, cls.registered_name(), key)
         require(
             batch is None or batch <= cls.max_batch,
             f"{key}.name",
-            cls.name,
+            cls.registered_name(),
             f"reads batches of at most {cls.max_batch}; the audited gradients hold {batch}",
         )
         cls.check_architecture(setting, key)
@@ -93,7 +97,7 @@ class AnalyticAttack(Attack):
         """Refuse an observation over :attr:`max_batch` examples (``ValueError``)."""
         if observation.num_examples > self.max_batch:
             raise ValueError(
-                f"{self.name} reads batches of at most {self.max_batch}; "
+                f"{self.registered_name()} reads batches of at most {self.max_batch}; "
                 f"this one holds {observation.num_examples}"
             )
 
@@ -122,7 +126,7 @@ class FirstLayerAttack(AnalyticAttack):
         require(
             layer is not None and uploaded(f"{layer}.weight", setting.uploads),
             f"{key}.name",
-            cls.name,
+            cls.registered_name(),
             f"needs a shared first {cls.layer_needs}; "
             f"model {setting.model.name!r} under strategy {setting.strategy!r} has none",
         )
@@ -133,11 +137,11 @@ class FirstLayerAttack(AnalyticAttack):
         """The sent model, its parameters, the first layer's name and its weight and bias
         gradients (float64), refusing observations the attack cannot read."""
         self.check_batch(observation)
-        gradient = exact_gradient(observation, self.name)
+        gradient = exact_gradient(observation, self.registered_name())
         model, params = victim_model(observation, self.device, seed)
         layer = self.first_layer(model)
         if layer is None or f"{layer}.weight" not in observation.shared:
-            raise ValueError(f"{self.name} needs the shared first {self.layer_needs}")
+            raise ValueError(f"{self.registered_name()} needs the shared first {self.layer_needs}")
         weight, bias = gradient[f"{layer}.weight"].double(), gradient[f"{layer}.bias"].double()
         return model, params, layer, weight, bias
 
@@ -211,7 +215,6 @@ class AnalyticFC(AnalyticAttack):
 
     Params = AnalyticFCParams
     params: AnalyticFCParams
-    name = "analytic-fc"
     max_batch = 1
 
     @classmethod
@@ -225,7 +228,7 @@ class AnalyticFC(AnalyticAttack):
         require(
             bool(found),
             f"{key}.name",
-            cls.name,
+            cls.registered_name(),
             f"needs a shared linear layer with a bias; model {setting.model.name!r} "
             f"under strategy {setting.strategy!r} shares none",
         )
@@ -245,7 +248,7 @@ class AnalyticFC(AnalyticAttack):
         """Read the layer's input, then invert it to an image unless it is the image."""
         start = time.perf_counter()
         self.check_batch(observation)
-        gradient = exact_gradient(observation, self.name)
+        gradient = exact_gradient(observation, self.registered_name())
         model, params = victim_model(observation, self.device, seed)
         name, layer = self.chosen_layer(model, observation)
         features, rows, spread = read_linear_input(

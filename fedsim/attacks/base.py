@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedsim.attacks.presets import StepCaps
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, require
 from fedsim.core.data import Normalization, generated_dataset, load_raw
 from fedsim.core.models import InputSpec
@@ -195,6 +196,11 @@ class Attack(ABC):
     # The threat models whose observations it reads; under the others it is refused in
     # one line (:func:`fedsim.scenario.applicability.check_applies`), or left out of "auto".
     threat_models: ClassVar[frozenset[ThreatModel]] = ALL_THREAT_MODELS
+    # Whether ``audit.attacks = "auto"`` runs it where it applies, at :meth:`audit_preset`:
+    # fedsim's own are listed in the portfolio's order; a plugin joins after them with True.
+    in_auto: ClassVar[bool] = False
+    # An optimisation attack's step caps for "auto" (None: closed form, nothing to budget).
+    step_caps: ClassVar[StepCaps | None] = None
 
     def __init__(self, params: Any, device: torch.device | str = "cpu") -> None:
         self.params = params
@@ -215,6 +221,11 @@ class Attack(ABC):
         """Reject, before Ray starts, a setting whose server never sees what this attack
         needs: raise :class:`~fedsim.core.config.ScenarioError`."""
         return None
+
+    @classmethod
+    def audit_preset(cls, setting: AttackSetting) -> dict[str, Any]:
+        """The parameters ``audit.attacks = "auto"`` runs it with in ``setting``."""
+        return {} if cls.step_caps is None else cls.step_caps.params(setting.model.name)
 
     @abstractmethod
     def reconstruct(self, observation: Observation, seed: int = 0) -> Reconstruction:

@@ -15,6 +15,7 @@ import torch
 
 from fedsim.attacks.matching import GradientMatchingAttack
 from fedsim.attacks.matching_params import MatchingParams
+from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.registry import ATTACKS
 
 
@@ -28,6 +29,7 @@ class DLG(GradientMatchingAttack):
     """Deep Leakage from Gradients."""
 
     Params = DLGParams
+    step_caps = StepCaps(100, resnet=50, measured={"lenet5-split": 10, "lenet-zhu": 100})
 
     @staticmethod
     def distance(

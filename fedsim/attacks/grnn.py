@@ -39,6 +39,7 @@ from fedsim.attacks.base import Attack, Observation, Reconstruction, require_res
 from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
 from fedsim.attacks.gradients import batch_gradient, target_gradient, victim_model
 from fedsim.attacks.labels import BatchLabels, infer_labels, label_method, require_inferred
+from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 from fedsim.core.data import Normalization
@@ -260,6 +261,8 @@ class GRNN(Attack):
 
     Params = GRNNParams
     params: GRNNParams
+    # One restart: GRNN's restarts run one after another, not batched.
+    step_caps = StepCaps(1000, resnet=500, restarts=1)
 
     def tv_weight(self, observation: Observation) -> float:
         """``alpha``: the configured value, or the paper's for the architecture."""

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from fedsim.attacks.base import Observation, Reconstruction
+from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.gradients import local_steps_taken
 from fedsim.attacks.matching import GradientMatchingAttack
 from fedsim.attacks.matching_params import MatchingParams, OptimizerName
@@ -42,7 +42,9 @@ from fedsim.attacks.matching_problem import (
     replay_local_training,
     require_replayable,
 )
+from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.registry import ATTACKS
+from fedsim.attacks.replay import replays_updates
 from fedsim.core.config import require
 from fedsim.core.threat import SharedKind
 
@@ -97,6 +99,13 @@ class InvertingGradients(GradientMatchingAttack):
 
     Params = InvertingGradientsParams
     params: InvertingGradientsParams
+    step_caps = StepCaps(2000, resnet=1000, measured={"lenet5-split": 250, "lenet-zhu": 2000})
+
+    @classmethod
+    def audit_preset(cls, setting: AttackSetting) -> dict[str, Any]:
+        """The step caps; it replays several local steps where the server can, else it
+        reads an update as one large-batch gradient (as DLG does)."""
+        return super().audit_preset(setting) | {"unroll": replays_updates(setting)}
 
     def reconstruct_many(
         self, observations: Sequence[Observation], seed: int = 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -85,22 +84,26 @@ class MembershipAnalysis(LeakAnalysis):
     kind = "membership"
     needs_candidates = True
     threat_models = UPDATES  # a model update: one client's, or the round's mean
-    name: ClassVar[str]
+
+    @classmethod
+    def registered_name(cls) -> str:
+        """The name it is registered under, for its refusals and errors."""
+        return LEAKS.name_of(cls)
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """The whole model's update and a held-out split, or a one-line refusal."""
-        check_whole_model_update(setting, key, cls.name)
+        check_whole_model_update(setting, key, cls.registered_name())
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> MembershipLeak:
         """One score per candidate, in the candidates' order."""
         start = time.perf_counter()
-        candidates = need_candidates(inputs, self.name)
+        candidates = need_candidates(inputs, self.registered_name())
         observation = inputs.observation
         if observation.shared_kind != SharedKind.UPDATE or not set(
             observation.global_params
         ) <= set(observation.shared):
-            raise ValueError(f"{self.name} needs the whole model's update")
+            raise ValueError(f"{self.registered_name()} needs the whole model's update")
         step = self.params.chunk
         scores = torch.cat(
             [
@@ -126,8 +129,6 @@ class MembershipAnalysis(LeakAnalysis):
 class LossDrop(MembershipAnalysis):
     """Loss at the sent model minus loss at the uploaded model, per candidate."""
 
-    name = "loss-drop"
-
     def score(
         self, observation: Observation, images: torch.Tensor, labels: torch.Tensor, seed: int
     ) -> torch.Tensor:
@@ -147,7 +148,6 @@ class LossDrop(MembershipAnalysis):
 class GradientAlignment(MembershipAnalysis):
     """Cosine between each candidate's gradient at the sent model and the update."""
 
-    name = "gradient-alignment"
     # Per-candidate gradients cost about half a quickstart client's own training (0.15 s
     # for 200 candidates) and scored below loss-drop where measured: opted into by name.
     in_auto = False

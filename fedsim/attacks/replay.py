@@ -28,6 +28,7 @@ import torch
 
 from fedsim.attacks.base import AttackSetting
 from fedsim.core.config import ClientConfig, require
+from fedsim.core.threat import ThreatModel
 
 Weights = dict[str, torch.Tensor]
 GradFn = Callable[[Weights, torch.Tensor, torch.Tensor], Weights]
@@ -143,3 +144,9 @@ def replay(
                 step = step.detach() + smooth - smooth.detach()
             weights[n] = weights[n] - step_size * step
     return weights
+
+
+def replays_updates(setting: AttackSetting) -> bool:
+    """Whether the server can replay the clients' local training (updates, a known optimiser
+    state: :func:`replay_refusal`)."""
+    return setting.threat_model == ThreatModel.UPDATE and replay_refusal(setting.client) is None

@@ -145,7 +145,6 @@ class RGAP(AnalyticAttack):
 
     Params = RGAPParams
     params: RGAPParams
-    name = "rgap"
     max_batch = 1
 
     @classmethod
@@ -157,7 +156,7 @@ class RGAP(AnalyticAttack):
         require(
             chain is not None and all(uploaded(f"{n}.weight", setting.uploads) for n, _ in chain),
             f"{key}.name",
-            cls.name,
+            cls.registered_name(),
             "needs every layer shared and a chain of conv/linear layers with biases, each "
             f"followed by a Sigmoid, ending in a linear layer; model {setting.model.name!r} "
             f"under strategy {setting.strategy!r} is not",
@@ -169,7 +168,7 @@ class RGAP(AnalyticAttack):
         require(
             largest <= MAX_UNKNOWNS,
             f"{key}.name",
-            cls.name,
+            cls.registered_name(),
             f"solves each layer densely; model {setting.model.name!r} has a layer input of "
             f"{largest} values (at most {MAX_UNKNOWNS})",
         )
@@ -178,7 +177,9 @@ class RGAP(AnalyticAttack):
         """From the last layer down to the image, one least-squares solve per layer."""
         start = time.perf_counter()
         self.check_batch(observation)
-        gradient = {k: v.double() for k, v in exact_gradient(observation, self.name).items()}
+        gradient = {
+            k: v.double() for k, v in exact_gradient(observation, self.registered_name()).items()
+        }
         model, params = victim_model(observation, self.device, seed)
         chain = sigmoid_chain(model)
         if chain is None or any(f"{n}.weight" not in gradient for n, _ in chain):

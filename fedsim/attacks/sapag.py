@@ -28,6 +28,7 @@ import torch
 
 from fedsim.attacks.matching import GradientMatchingAttack
 from fedsim.attacks.matching_params import MatchingParams
+from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.registry import ATTACKS
 from fedsim.core.config import require
 
@@ -69,6 +70,7 @@ class SAPAG(GradientMatchingAttack):
 
     Params = SAPAGParams
     params: SAPAGParams
+    step_caps = StepCaps(100, resnet=50, measured={"lenet5-split": 100, "lenet-zhu": 25})
 
     def distance_constants(
         self, target: list[torch.Tensor], depths: list[int]

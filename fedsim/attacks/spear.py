@@ -210,7 +210,6 @@ class Spear(FirstLayerAttack):
 
     Params = SpearParams
     params: SpearParams
-    name = "spear"
     max_batch = 16
 
     layer_needs = "linear layer with a bias on the image, followed by a ReLU"

@@ -204,7 +204,6 @@ class BoxVertices(FirstLayerAttack):
 
     Params = BoxVerticesParams
     params: BoxVerticesParams
-    name = "box-vertices"
     max_batch = 32
 
     layer_needs = "linear layer with a bias on the image"

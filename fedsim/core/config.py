@@ -275,6 +275,14 @@ AUTO: Literal["auto"] = "auto"
 """``audit.attacks = "auto"``: the attack portfolio that applies to the scenario."""
 
 
+RECONSTRUCTION_REACH = 5
+"""The largest client (in images) from whose update an optimisation attack recovered an image
+at 20 dB: 3 of 10 Fashion-MNIST images at 5 per client; none at 10 (bench/fedavg_leakage.py,
+docs/attacks.md#reach-on-real-multi-step-updates); ``audit.max-images``' default. A
+closed-form attack reaches as far as its own ``max_batch`` (``adam-signs``: Adam clients of
+up to 512 images, measured there too)."""
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """The honest-but-curious server's per-round privacy audit (off by default).
@@ -320,10 +328,9 @@ class AuditConfig:
     workers: int = 1
     threads_per_attack: int = 1
     num_gpus: float = 0.0
-    # Optimising reconstruction stops here: 5 is the largest client an image was recovered
-    # from by one (bench/fedavg_leakage.py; fedsim.scenario.portfolio.RECONSTRUCTION_REACH);
-    # a closed-form attack reads up to its own max_batch.
-    max_images: int = 5
+    # Optimising reconstruction stops at this many images; a closed-form attack reads up to
+    # its own max_batch.
+    max_images: int = RECONSTRUCTION_REACH
     seed: int = 0
     precision: Literal["float32", "float64"] = "float32"  # attacks' arithmetic (no TF32)
 

@@ -181,6 +181,16 @@ class Registry(Generic[T]):
         self.get(name)
         return self._aliases.get(name, name)
 
+    def name_of(self, obj: object) -> str:
+        """The name ``obj`` is registered under (its class's, for an instance); a
+        :class:`KeyError` for a component it does not hold."""
+        found = [name for name, entry in self._entries.items() if entry is obj]
+        if not found and not isinstance(obj, type):
+            found = [name for name, entry in self._entries.items() if entry is type(obj)]
+        if not found:
+            raise KeyError(f"no {self.kind} is registered as {obj!r}")
+        return found[0]
+
     def names(self) -> list[str]:
         """Registered names, sorted (without aliases)."""
         self._discover()

@@ -24,10 +24,10 @@ from typing import Any
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LEAKS
-from fedsim.attacks.replay import replay_refusal
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import (
     AUTO,
+    RECONSTRUCTION_REACH,
     AuditConfig,
     ComponentConfig,
     FederationConfig,
@@ -55,34 +55,8 @@ PORTFOLIO = (
     "aligned-dlg",
     "grnn",
 )
-"""The portfolio, cheapest and strongest first (an attack not registered is skipped)."""
-
-# Step caps per model, from bench/audit_budgets.py at batch 1 (probe, 4 unseen images,
-# early stopping on; docs/audit.md has the table): the knee (the smallest budget within
-# 0.5 dB of the best) where an attack converged, else the largest budget measured, at
-# which it was still improving (its rows are then flagged as not converged).
-_MEASURED: dict[str, dict[str, int]] = {
-    "lenet5-split": {"inverting-gradients": 250, "dlg": 10, "sapag": 100, "grnn": 1000},
-    "lenet-zhu": {"inverting-gradients": 2000, "dlg": 100, "sapag": 25, "grnn": 1000},
-}
-# fedavg-leakage replays every local step per objective evaluation: its budget, whatever the
-# model, is the smallest at which tests/test_fedavg_leakage.py saw an image of a 2-epoch SGD
-# client recovered at 20 dB (60 L-BFGS steps x 4 restarts; 40 x 2 recovered none there).
-_REPLAYED = {"fedavg-leakage": {"steps": 60, "restarts": 4}}
-# cocktail-party at the paper's budget (Adam at 1e-3 for 25,000 steps) took 20-95 s a batch of
-# 16 on a shared 2-core CPU; 2,500 steps at 1e-2 recovered as many images (within one or two
-# of 16, bench/cocktail_party.py, docs/analytic-attacks.md) in 2-7 s.
-_SHORTENED = {"cocktail-party": {"steps": 2500, "lr": 1e-2}}
-_UNMEASURED = {"inverting-gradients": 2000, "dlg": 100, "sapag": 100, "grnn": 1000}
-_RESNET = {"inverting-gradients": 1000, "dlg": 50, "sapag": 50, "grnn": 500}
-_RESTARTS = {"grnn": 1}  # the others: 2 (restarts are batched; GRNN's run one after another)
-_LIKE_DLG = ("unrolled-dlg", "aligned-dlg")  # DLG's optimiser and objective scale
-
-RECONSTRUCTION_REACH = 5
-"""The largest client (in images) from whose update an optimisation attack recovered an image
-at 20 dB: 3 of 10 Fashion-MNIST images at 5 per client; none at 10 (bench/fedavg_leakage.py,
-docs/attacks.md#reach-on-real-multi-step-updates). A closed-form attack reaches as far as its
-own ``max_batch`` (``adam-signs``: Adam clients of up to 512 images, measured there too)."""
+"""The portfolio, cheapest and strongest first (an attack not registered is skipped); each
+attack's budget is its own :meth:`~fedsim.attacks.base.Attack.audit_preset`."""
 
 
 def reconstruction_refusal(images: int) -> str | None:
@@ -95,29 +69,18 @@ def reconstruction_refusal(images: int) -> str | None:
     )
 
 
-def replays_updates(setting: AttackSetting) -> bool:
-    """Whether the server can replay the clients' local training (updates, a known optimiser
-    state: :func:`fedsim.attacks.replay.replay_refusal`)."""
-    return setting.threat_model == ThreatModel.UPDATE and replay_refusal(setting.client) is None
-
-
 def budget(name: str, setting: AttackSetting) -> dict[str, Any]:
-    """The portfolio's parameters for attack ``name`` in ``setting``."""
-    model = setting.model.name
-    caps = _RESNET if model.startswith("resnet") else _MEASURED.get(model, _UNMEASURED)
-    if name in _REPLAYED:
-        return dict(_REPLAYED[name])
-    if name in _SHORTENED:
-        return dict(_SHORTENED[name])
-    optimised = "dlg" if name in _LIKE_DLG else name
-    if optimised not in caps:
-        return {}  # a closed-form attack: nothing to budget
-    params: dict[str, Any] = {"steps": caps[optimised], "restarts": _RESTARTS.get(name, 2)}
-    if name == "inverting-gradients":
-        # IG replays several local steps where the server can; otherwise it reads an
-        # update as one large-batch gradient (as DLG does).
-        params["unroll"] = replays_updates(setting)
-    return params
+    """The portfolio's parameters for attack ``name`` in ``setting``: its own preset."""
+    preset: dict[str, Any] = ATTACKS.get(name).audit_preset(setting)
+    return preset
+
+
+def auto_attacks() -> list[str]:
+    """What ``"auto"`` may run: the portfolio's registered attacks in its order, then the
+    plugins' attacks that declare ``in_auto``."""
+    names = ATTACKS.names()
+    own = [name for name in PORTFOLIO if name in names]
+    return own + [n for n in names if n not in own and ATTACKS.get(n).in_auto]
 
 
 @dataclass(frozen=True)
@@ -189,8 +152,7 @@ def resolve_attacks(
             _checked(ATTACKS, attack, f"audit.attacks[{i}]", setting)
             for i, attack in enumerate(attacks)
         )
-    names = [name for name in PORTFOLIO if name in ATTACKS.names()]
-    budgets = {name: budget(name, setting) for name in names}
+    budgets = {name: budget(name, setting) for name in auto_attacks()}
     return _applying(ATTACKS, "audit.attacks", budgets, setting, notes)
 
 
