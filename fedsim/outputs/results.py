@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord
 from rich.console import Console
 
 from fedsim.core import protocol
-from fedsim.core.config import DataConfig, Scenario
+from fedsim.core.config import CentralDPConfig, DataConfig, Scenario
 from fedsim.core.metrics import median_interval
 from fedsim.core.protocol import RoundRecord
 from fedsim.outputs.run_folder import (
@@ -200,7 +200,7 @@ def write_summary(
     if failures:
         count = sum(int(r[protocol.FAILURES]) for r in failures)
         lines.append(f"- client failures: {count} in {len(failures)} of {len(rows)} rounds")
-    lines += central_dp_lines(scenario, rows)
+    lines += central_dp_lines(scenario.central_dp, scenario.audit.canary_clients, rows)
     lines += epsilon_lines(rows)
     lines += audit_summary_lines(run_dir)
     lines += [f"- audit: {line}" for line in audit_notes]
@@ -211,9 +211,11 @@ def write_summary(
     return text
 
 
-def central_dp_lines(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str]:
-    """Flower's central DP: its settings and the accountant's user-level epsilon spent."""
-    central = scenario.central_dp
+def central_dp_lines(
+    central: CentralDPConfig, canary_clients: int, rows: list[dict[str, Any]]
+) -> list[str]:
+    """Flower's central DP: its settings and the accountant's user-level epsilon spent (and
+    the ``canary_clients``' estimate, where there were any)."""
     if not central.enabled:
         return []
     spent = [e for r in rows if math.isfinite(e := r.get(protocol.CENTRAL_DP_EPSILON, math.nan))]
@@ -230,7 +232,7 @@ def central_dp_lines(scenario: Scenario, rows: list[dict[str, Any]]) -> list[str
         last = estimated[-1]
         lines.append(
             f"- empirical user-level epsilon (Andrew et al.'s canary clients, "
-            f"{scenario.audit.canary_clients} in every round): "
+            f"{canary_clients} in every round): "
             f"{last[protocol.CENTRAL_DP_EPSILON_EMPIRICAL]:.3g} "
             f"[{last[protocol.CENTRAL_DP_EPSILON_EMPIRICAL_LOW]:.3g}, "
             f"{last[protocol.CENTRAL_DP_EPSILON_EMPIRICAL_HIGH]:.3g}] (95 % bootstrap) after "

@@ -33,6 +33,8 @@ from fedsim.clients.defences import DEFENCES, check_defences
 from fedsim.core import protocol
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import (
+    AuditConfig,
+    CentralDPConfig,
     ClientConfig,
     DataConfig,
     FederationConfig,
@@ -199,10 +201,9 @@ def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[Engin
     )
 
 
-def check_canary_clients(scenario: Scenario) -> None:
+def check_canary_clients(audit: AuditConfig, central: CentralDPConfig) -> None:
     """Canary clients upload a direction at the clipping norm, which client-side clipping
     leaves unchanged; server-side clipping would clip them with the clients' updates."""
-    audit, central = scenario.audit, scenario.central_dp
     require(
         not (audit.enabled and audit.canary_clients) or central.clipping == "client",
         "audit.canary-clients",
@@ -251,12 +252,12 @@ def check_components(scenario: Scenario) -> Components:
     strategy = resolve(STRATEGIES, scenario.strategy, "strategy")
     check_pairing(STRATEGIES, "strategy.name", scenario.strategy.name, data, ANY)
     check_memorisation(scenario.memorisation, data, scenario.federation, strategy)
-    strategy.cls.check_scenario(scenario)
+    strategy.cls.check_model(scenario.model, data)
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
     check_strategy_threat(scenario.audit, scenario.federation, strategy.name, strategy.cls)
     check_threat_options(scenario.audit, scenario.central_dp)
     check_central_dp(scenario, strategy.name, strategy.cls)
-    check_canary_clients(scenario)
+    check_canary_clients(scenario.audit, scenario.central_dp)
     client = client_spec(scenario, partitioner, generator)
     audit_threat = scenario.audit.threat_model if scenario.audit.enabled else None
     check_defence_threat(client.defences, audit_threat)

@@ -63,7 +63,9 @@ def run_with_canary_clients(components: Components, canaries: int) -> CanaryRun:
         scenario.model, fed.seed, load_dataset(scenario.data), torch.device("cpu")
     )
     inner = plain_strategy(components, server)
-    strategy = with_central_dp_and_canaries(inner, scenario, canaries)
+    strategy = with_central_dp_and_canaries(
+        inner, scenario.central_dp, scenario.federation, canaries, scenario.audit.seed
+    )
     assert isinstance(strategy, WithCanaryClients)
     app = build_client_app(client_spec(scenario), components.strategy.cls.client_routine)
     contexts = {

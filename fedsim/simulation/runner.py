@@ -24,7 +24,13 @@ from fedsim.audit.wrapper import AuditedStrategy
 from fedsim.clients.app import build_client_app
 from fedsim.clients.replay import ClientReplay
 from fedsim.core import protocol
-from fedsim.core.config import BackendConfig, Scenario, first_line
+from fedsim.core.config import (
+    BackendConfig,
+    CentralDPConfig,
+    FederationConfig,
+    Scenario,
+    first_line,
+)
 from fedsim.core.data import load_dataset
 from fedsim.core.devices import gpu_if
 from fedsim.core.modality import input_spec
@@ -126,16 +132,24 @@ def build_strategy(components: Components, server: ServerResources) -> FedsimStr
         return strategy
     audit = scenario.audit
     return with_central_dp_and_canaries(
-        strategy, scenario, audit.canary_clients if audit.enabled else 0
+        strategy,
+        scenario.central_dp,
+        scenario.federation,
+        audit.canary_clients if audit.enabled else 0,
+        audit.seed,
     )
 
 
 def with_central_dp_and_canaries(
-    strategy: FedsimStrategy, scenario: Scenario, canaries: int
+    strategy: FedsimStrategy,
+    central: CentralDPConfig,
+    fed: FederationConfig,
+    canaries: int,
+    canary_seed: int,
 ) -> FedsimStrategy:
     """``strategy`` in Flower's central-DP wrapper, which noises the mean of the sampled
-    clients and ``canaries`` canary clients (Andrew et al.'s; none when 0) every round."""
-    central, fed = scenario.central_dp, scenario.federation
+    clients and ``canaries`` canary clients (Andrew et al.'s; none when 0, drawn from
+    ``canary_seed``) every round."""
     noised = with_central_dp(
         strategy,
         central,
@@ -145,7 +159,7 @@ def with_central_dp_and_canaries(
     )
     if not canaries:
         return noised
-    planted = CanaryClients(canaries, noised.initial_arrays(), scenario.audit.seed)
+    planted = CanaryClients(canaries, noised.initial_arrays(), canary_seed)
     return WithCanaryClients(noised, planted, central.clipping_norm, central.delta)
 
 

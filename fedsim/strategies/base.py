@@ -40,7 +40,7 @@ from fedsim.core.training import evaluate
 from fedsim.text.canaries import PlantedCanaries
 
 if TYPE_CHECKING:
-    from fedsim.core.config import ModelConfig, Scenario
+    from fedsim.core.config import DataConfig, ModelConfig
 
 
 class TooFewReplies(RuntimeError):
@@ -149,8 +149,8 @@ class EngineHooks(ABC):
         return {"network": server.model}
 
     @classmethod
-    def check_scenario(cls, scenario: Scenario) -> None:
-        """Reject scenario settings this strategy cannot run (before Ray starts)."""
+    def check_model(cls, model: ModelConfig, data: DataConfig) -> None:
+        """Reject a model (for ``data``) this strategy cannot run (before Ray starts)."""
         return None
 
     @classmethod

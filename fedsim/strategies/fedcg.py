@@ -57,7 +57,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, ScenarioError, require
+from fedsim.core.config import DataConfig, ModelConfig, ScenarioError, require
 from fedsim.core.gan import GanSplitNet, build_gan_split_net, feature_shape
 from fedsim.core.modality import IMAGE
 from fedsim.core.models import InputSpec, build_model
@@ -189,13 +189,13 @@ class FedCG(FedSplit):
         self.distill_state: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def check_scenario(cls, scenario: Scenario) -> None:
+    def check_model(cls, model: ModelConfig, data: DataConfig) -> None:
         # The extractor's output shape does not depend on the input channels.
-        spec = InputSpec(1, scenario.data.image_size, 2)
+        spec = InputSpec(1, data.image_size, 2)
         try:
-            feature_shape(build_model(scenario.model, spec).extractor, spec)
+            feature_shape(build_model(model, spec).extractor, spec)
         except ValueError as err:
-            raise ScenarioError("model.name", scenario.model.name, str(err)) from None
+            raise ScenarioError("model.name", model.name, str(err)) from None
 
     @classmethod
     def server_arguments(cls, server: ServerResources) -> dict[str, Any]:
