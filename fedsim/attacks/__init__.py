@@ -16,6 +16,7 @@ from fedsim.attacks.aligned import AlignedDLG
 from fedsim.attacks.analytic import AnalyticFC
 from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.cocktail import CocktailParty
+from fedsim.attacks.dager import Dager
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.fedavg_leakage import FedAvgLeakage
 from fedsim.attacks.generator_leak import GeneratorRepresentatives
@@ -44,6 +45,7 @@ __all__ = [
     "Attack",
     "BoxVertices",
     "ClassRepresentatives",
+    "Dager",
     "CocktailParty",
     "FedAvgLeakage",
     "GeneratorRepresentatives",
