@@ -29,6 +29,7 @@ from fedsim.attacks.representatives import ClassRepresentatives
 from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
 from fedsim.attacks.spear import Spear
+from fedsim.attacks.tag import Tag
 from fedsim.attacks.unrolled import UnrolledDLG
 from fedsim.attacks.vertices import BoxVertices
 
@@ -56,6 +57,7 @@ __all__ = [
     "Observation",
     "Reconstruction",
     "Spear",
+    "Tag",
     "UnrolledDLG",
     "create_attack",
     "resolve_attack",
