@@ -16,8 +16,10 @@ from fedsim.audit.fidelity import attacker_residual, fidelity_residual, residual
 from fedsim.audit.tasks import DeviceUse
 from fedsim.core.components import Resolved
 from fedsim.core.metrics import ReconstructionScore, score_reconstruction
+from fedsim.core.modality import TEXT, modality_of
 from fedsim.core.protocol import AuditRecord
 from fedsim.core.truth import GroundTruth
+from fedsim.text.scoring import TextScore, paired_ids, score_sequences
 
 
 class Scored(NamedTuple):
@@ -25,6 +27,7 @@ class Scored(NamedTuple):
 
     record: AuditRecord
     score: ReconstructionScore | None
+    text: TextScore | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ def score_attack(
     attack task's, for the residuals (a victim batched with others may have drawn
     other random estimates of private layers, which the residual shows anyway)."""
     seed, use = run.seed, run.use
+    if modality_of(attack.cls) == TEXT:
+        return _score_text(attack, label, observation, truth, rec, run)
     score, residual = None, math.nan
     if truth is not None:
         score = score_reconstruction(rec.images, truth.images, rec.labels, truth.labels)
@@ -89,3 +94,60 @@ def score_attack(
         peak_gpu_mb=use.peak_gpu_mb,
     )
     return Scored(record, score)
+
+
+def _score_text(
+    attack: Resolved,
+    label: str,
+    observation: Observation,
+    truth: GroundTruth | None,
+    rec: Reconstruction,
+    run: TaskRun,
+) -> Scored:
+    """A text attack's recovered sequences against the victim's (no residuals: the
+    gradient-residual model is the image attacks')."""
+    nan = math.nan
+    text = score_sequences(rec.images, truth.images) if truth is not None else None
+    recovered, true = paired_ids(rec.images, truth.images) if truth is not None else ("", "")
+    record = AuditRecord(
+        round=observation.round,
+        client=observation.client_id,
+        strategy=observation.strategy,
+        attack=label,
+        threat_model=observation.threat_model,
+        shared_kind=observation.shared_kind,
+        parameters_observed=sum(t.numel() for t in observation.shared.values()),
+        tensors_observed=len(observation.shared),
+        batch_size=observation.num_examples,
+        psnr=nan,
+        ssim=nan,
+        mse=nan,
+        label_acc=nan,
+        images_recovered=nan,
+        iterations=rec.iterations,
+        steps_taken=rec.steps_taken,
+        converged=rec.converged,
+        stop_reason=str(rec.details.get("stop_reason", "")),
+        restarts=rec.restarts,
+        diverged_restarts=0,
+        final_objective=rec.final_objective,
+        seconds=rec.seconds,
+        wall_seconds=run.wall_seconds,
+        attack_params=attack.params_text(),
+        batchnorm="not-modelled",
+        fidelity_residual=nan,
+        fidelity_note="" if rec.details.get("one_step", True) else "update read as one SGD step",
+        attacker_residual=nan,
+        device=run.use.device,
+        gpu_seconds=run.use.gpu_seconds,
+        peak_gpu_mb=run.use.peak_gpu_mb,
+        exact_rate=text.exact_rate if text else nan,
+        token_acc=text.token_accuracy if text else nan,
+        rouge1=text.rouge1 if text else nan,
+        rouge2=text.rouge2 if text else nan,
+        rouge_l=text.rouge_l if text else nan,
+        sequences_found=float(len(rec.images)),
+        text_recovered=recovered,
+        text_truth=true,
+    )
+    return Scored(record, None, text)

@@ -41,6 +41,7 @@ from fedsim.outputs.tables import (
     round_verdict_table,
 )
 from fedsim.outputs.verdict import strongest_attacks, victim_verdicts
+from fedsim.outputs.sentences_report import sentences_summary_lines, text_rows
 from fedsim.outputs.words_report import words_summary_lines
 
 
@@ -284,7 +285,14 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
         ]
     if audit.empty:
         return lines
+    text = text_rows(audit)
+    lines += sentences_summary_lines(run_dir, text, verdicts, seed)
+    audit = audit.drop(index=text.index)  # the rest: image attacks, scored in pixels
+    if audit.empty:
+        return lines
     attacked = verdicts[verdicts["attacks"] > 0]
+    if "sentences-exact" in attacked:
+        attacked = attacked[attacked["sentences-exact"].isna()]
     verdict = round_verdict_table(attacked, seed, threshold)
     lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.table.rows)
     if not attacked.empty:

@@ -41,6 +41,7 @@ from fedsim.scenario.applicability import check_applies, left_out, shares_nothin
 from fedsim.scenario.modality import check_pairing, fits
 
 PORTFOLIO = (
+    "dager",
     "analytic-fc",
     "adam-signs",
     "spear",
@@ -54,8 +55,11 @@ PORTFOLIO = (
     "unrolled-dlg",
     "aligned-dlg",
     "grnn",
+    "tag",
 )
-"""The portfolio, cheapest and strongest first (an attack not registered is skipped)."""
+"""The portfolio, cheapest and strongest first (an attack not registered is skipped; one
+made for another modality than the data's is never considered: ``dager`` and ``tag`` run on
+text only, the others on images only)."""
 
 # Step caps per model, from bench/audit_budgets.py at batch 1 (probe, 4 unseen images,
 # early stopping on; docs/audit.md has the table): the knee (the smallest budget within

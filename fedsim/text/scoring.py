@@ -60,23 +60,46 @@ def rouge_l(recovered: Sequence[int], truth: Sequence[int]) -> float:
     return _f1(lcs_length(recovered, truth), len(recovered), len(truth))
 
 
+def _pairs(recovered: torch.Tensor, truth: torch.Tensor) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Token accuracy of each (true, recovered) pair ``(N, S)`` and the assignment."""
+    matches = (truth.unsqueeze(1) == recovered.unsqueeze(0)).double().mean(-1).numpy()
+    rows, cols = linear_sum_assignment(-matches)
+    return matches, [(int(r), int(c)) for r, c in zip(rows, cols, strict=True)]
+
+
+def _cut(recovered: torch.Tensor, truth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    found = recovered.long().cpu()
+    length = found.shape[1] if len(found) else truth.shape[1]
+    truth = truth.long().cpu()[:, :length]
+    return found[:, : truth.shape[1]], truth
+
+
+def paired_ids(recovered: torch.Tensor, truth: torch.Tensor) -> tuple[str, str]:
+    """The paired sequences as token-id text, recovered and true in the same order
+    (``"|"`` between sequences, ``";"`` between tokens; an unpaired truth under an empty
+    recovery)."""
+    found, truth = _cut(recovered, truth)
+    by_truth = dict(_pairs(found, truth)[1]) if len(found) and len(truth) else {}
+
+    def ids(row: torch.Tensor | None) -> str:
+        return "" if row is None else ";".join(str(int(t)) for t in row)
+
+    ours = [ids(found[by_truth[r]] if r in by_truth else None) for r in range(len(truth))]
+    return "|".join(ours), "|".join(ids(row) for row in truth)
+
+
 def score_sequences(recovered: torch.Tensor, truth: torch.Tensor) -> TextScore:
     """``recovered`` ``(S, T)`` against ``truth`` ``(N, T')``; only the first ``T`` tokens
     of each true sequence count when ``T' > T`` (an attack on a model's inputs recovers the
     ``T`` tokens it reads, not the last window token, which is only predicted)."""
-    truth = truth.long().cpu()
-    found = recovered.long().cpu()
-    length = found.shape[1] if len(found) else truth.shape[1]
-    truth = truth[:, :length]
-    if not len(found) or not len(truth):
-        return TextScore(0.0, 0.0, 0.0, 0.0, 0.0, 0, len(found))
-    cut = found[:, : truth.shape[1]]
-    matches = (truth.unsqueeze(1) == cut.unsqueeze(0)).double().mean(-1).numpy()  # (N, S)
-    rows, cols = linear_sum_assignment(-matches)
+    cut, truth = _cut(recovered, truth)
+    if not len(cut) or not len(truth):
+        return TextScore(0.0, 0.0, 0.0, 0.0, 0.0, 0, len(cut))
+    matches, pairs = _pairs(cut, truth)
     n = len(truth)
     accuracy = np.zeros(n)
     scores = np.zeros((n, 3))
-    for r, c in zip(rows, cols, strict=True):
+    for r, c in pairs:
         ours, theirs = cut[c].tolist(), truth[r].tolist()
         accuracy[r] = matches[r, c]
         scores[r] = rouge_n(ours, theirs, 1), rouge_n(ours, theirs, 2), rouge_l(ours, theirs)
@@ -89,5 +112,5 @@ def score_sequences(recovered: torch.Tensor, truth: torch.Tensor) -> TextScore:
         float(means[1]),
         float(means[2]),
         exact,
-        len(found),
+        len(cut),
     )
