@@ -28,6 +28,7 @@ from fedsim.core.scenario_file import load_scenario
 from fedsim.core.threat import ThreatModel
 from fedsim.outputs.run_folder import AUDIT_FILE, VERDICT_FILE
 from fedsim.scenario.portfolio import resolve_attacks
+from fedsim.scenarios import scenario_path
 from fedsim.text.scoring import lcs_length, rouge_l, rouge_n, score_sequences
 
 TRANSFORMER = ModelConfig(name="word-transformer")
@@ -52,7 +53,9 @@ def _probe(batch: int, seed: int, start: int = 0) -> Probe:
 def _record(log: AuditLog, name: str, probe: Probe, params: dict | None = None) -> None:
     attack = resolve_attack(name, params)
     rec = attack.create().reconstruct(probe.observation, seed=0)
-    log.reconstruction(attack, name, probe.observation, probe.truth, rec, TaskRun(0, DeviceUse("cpu", 0, 0), 0))
+    log.reconstruction(
+        attack, name, probe.observation, probe.truth, rec, TaskRun(0, DeviceUse("cpu", 0, 0), 0)
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -68,7 +71,10 @@ def test_dager_in_the_audit_recovers_a_probes_sentences_exactly(seed: int, tmp_p
     assert audit["exact-rate"].iloc[0] >= 0.95, audit.iloc[0]
     assert audit["rouge1"].iloc[0] >= 0.95 and audit["token-acc"].iloc[0] >= 0.95
     verdict = pd.read_csv(tmp_path / VERDICT_FILE)
-    assert verdict["sentences-exact"].iloc[0] >= 0.95 and verdict["sentences-attack"].iloc[0] == "dager"
+    assert (
+        verdict["sentences-exact"].iloc[0] >= 0.95
+        and verdict["sentences-attack"].iloc[0] == "dager"
+    )
 
 
 def test_another_clients_gradient_gives_back_none_of_the_victims_sentences(tmp_path: Path) -> None:
@@ -109,32 +115,36 @@ def test_tag_lowers_its_gradient_distance() -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "fragment"),
+    ("scenario", "overrides", "fragment"),
     [
-        (['audit.attacks=[{name="dager"}]'], "reaches the rank limit of the model's width 128"),
-        (['audit.attacks=[{name="dager"}]', "model.name=char-lstm"], "has no attention layer"),
+        # The shipped scenario's clients train on batches of 16 x 20 tokens.
+        ("shakespeare", ['audit.attacks=[{name="dager"}]'], "rank limit of the model's width 128"),
+        ("shakespeare", ['audit.attacks=[{name="dager"}]', "model.name=char-lstm"], "no attention"),
+        ("shakespeare", ['audit.attacks=[{name="tag"}]', "audit.threat-model=aggregate"], "reads"),
+        ("quickstart", ['audit.attacks=[{name="dager"}]'], "is a text attack, and data.dataset"),
         (
-            ['audit.attacks=[{name="tag"}]', "audit.threat-model=aggregate"],
-            "reads one client's update",
+            "shakespeare",
+            [
+                'audit.attacks=[{name="dager"}]',
+                "strategy.name=fedsplit",
+                "memorisation.enabled=false",
+            ],
+            "does not upload it",
         ),
-        (['audit.attacks=[{name="dager"}]', "data.dataset=mnist-embedded", "model.name=mlp-2nn"],
-         "is a text attack, and data.dataset"),
-        (['audit.attacks=[{name="dager"}]', "strategy.name=fedsplit", "memorisation.enabled=false"],
-         "does not upload it"),
     ],
 )
 def test_text_attacks_are_refused_in_one_line_where_they_cannot_apply(
-    overrides: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+    scenario: str, overrides: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     flags = [arg for o in overrides for arg in ("--set", o)]
-    assert main(["run", "shakespeare", *flags]) == 2
+    assert main(["run", scenario, *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "audit.attacks[0]" in err, err
     assert fragment in err, err
 
 
 def test_auto_runs_the_text_attacks_where_they_apply_and_says_why_not_elsewhere() -> None:
-    scenario = load_scenario("shakespeare")
+    scenario = load_scenario(scenario_path("shakespeare"))
     setting = AttackSetting.of(scenario, None)
     probed = dataclasses.replace(setting, threat_model=ThreatModel.PROBE, probe_batch_size=4)
     notes: list[str] = []

@@ -27,6 +27,7 @@ from fedsim.attacks.base import Attack, AttackSetting, Observation, Reconstructi
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.text_victim import check_text_setting, observed_gradient, one_step, sent_model
 from fedsim.core.config import require
+from fedsim.core.models import SplitNet
 from fedsim.core.raw import TEXT
 from fedsim.core.threat import ONE_CLIENT
 from fedsim.text.models import TransformerBody
@@ -122,7 +123,7 @@ class Tag(Attack):
 
     def _distance(
         self,
-        model: torch.nn.Module,
+        model: SplitNet,
         names: list[str],
         target: list[torch.Tensor],
         logits: torch.Tensor,
@@ -130,9 +131,10 @@ class Tag(Attack):
         """TAG's distance between the soft batch's gradient and the observed one (attention
         by the math kernel: the fused kernels have no second derivative)."""
         named = dict(model.named_parameters())
-        soft = logits.softmax(-1)
+        soft, body = logits.softmax(-1), model.extractor
+        assert isinstance(body, TransformerBody)
         with sdpa_kernel(SDPBackend.MATH):
-            out = model.classifier(soft_forward(model.extractor, soft[:, :-1]))
+            out = model.classifier(soft_forward(body, soft[:, :-1]))
             loss = -(soft[:, 1:] * out.log_softmax(-1)).sum(-1).mean()
             grads = torch.autograd.grad(loss, [named[n] for n in names], create_graph=True)
         alpha = self.params.alpha

@@ -8,9 +8,8 @@ gradient, or an update read as one SGD step), and the one-line applicability che
 
 from __future__ import annotations
 
-from torch import nn
-
 import torch
+from torch import nn
 
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.gradients import local_steps_taken

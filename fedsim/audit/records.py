@@ -132,7 +132,9 @@ class AuditLog:
             self.rows.append(record.to_row())
             self._stale.add((record.round, record.client))
 
-    def _print(self, observation: Observation, label: str, scored: str, record: AuditRecord) -> None:
+    def _print(
+        self, observation: Observation, label: str, scored: str, record: AuditRecord
+    ) -> None:
         self.console.print(
             f"  audit round {observation.round}: {label} on {observation.source} "
             f"({observation.threat_model}): {scored} ({record.seconds:.1f}s)"

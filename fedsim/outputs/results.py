@@ -32,6 +32,7 @@ from fedsim.outputs.run_folder import (
     read_audit,
     write_csv_atomic,
 )
+from fedsim.outputs.sentences_report import sentences_summary_lines, text_rows
 from fedsim.outputs.tables import (
     DEFAULT_SUCCESS_PSNR,
     attack_summary_table,
@@ -41,7 +42,6 @@ from fedsim.outputs.tables import (
     round_verdict_table,
 )
 from fedsim.outputs.verdict import strongest_attacks, victim_verdicts
-from fedsim.outputs.sentences_report import sentences_summary_lines, text_rows
 from fedsim.outputs.words_report import words_summary_lines
 
 

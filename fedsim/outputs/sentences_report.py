@@ -94,7 +94,9 @@ def sentence_table(run_dir: Path, audit: pd.DataFrame) -> Table | None:
                 vocabulary[o] if o == t else f"[{vocabulary[o]}]"
                 for o, t in zip(ours, truth, strict=False)
             ]
-            shown.append(f"{' '.join(words) or '(nothing)'} / {' '.join(vocabulary[t] for t in truth)}")
+            shown.append(
+                f"{' '.join(words) or '(nothing)'} / {' '.join(vocabulary[t] for t in truth)}"
+            )
         out.append(
             {
                 "client": str(int(row["client"])),

@@ -60,7 +60,9 @@ def rouge_l(recovered: Sequence[int], truth: Sequence[int]) -> float:
     return _f1(lcs_length(recovered, truth), len(recovered), len(truth))
 
 
-def _pairs(recovered: torch.Tensor, truth: torch.Tensor) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def _pairs(
+    recovered: torch.Tensor, truth: torch.Tensor
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Token accuracy of each (true, recovered) pair ``(N, S)`` and the assignment."""
     matches = (truth.unsqueeze(1) == recovered.unsqueeze(0)).double().mean(-1).numpy()
     rows, cols = linear_sum_assignment(-matches)
