@@ -117,8 +117,22 @@ def test_tag_lowers_its_gradient_distance() -> None:
 @pytest.mark.parametrize(
     ("scenario", "overrides", "fragment"),
     [
-        # The shipped scenario's clients train on batches of 16 x 20 tokens.
-        ("shakespeare", ['audit.attacks=[{name="dager"}]'], "rank limit of the model's width 128"),
+        # The shipped scenario's clients train with Adam on batches of 16 x 20 tokens.
+        ("shakespeare", ['audit.attacks=[{name="dager"}]'], "client.optimizer = 'adam' rescales"),
+        (
+            "shakespeare",
+            ['audit.attacks=[{name="dager"}]', "client.optimizer=sgd"],
+            "a batch of 16 x 20 tokens (client.batch-size) reaches the rank limit",
+        ),
+        (
+            "shakespeare",
+            [
+                'audit.attacks=[{name="tag"}]',
+                "audit.threat-model=probe",
+                "audit.probe-batch-size=7",
+            ],
+            "a batch of 7 x 20 tokens (audit.probe-batch-size) reaches the rank limit",
+        ),
         ("shakespeare", ['audit.attacks=[{name="dager"}]', "model.name=char-lstm"], "no attention"),
         ("shakespeare", ['audit.attacks=[{name="tag"}]', "audit.threat-model=aggregate"], "reads"),
         ("quickstart", ['audit.attacks=[{name="dager"}]'], "is a text attack, and data.dataset"),
@@ -153,8 +167,8 @@ def test_auto_runs_the_text_attacks_where_they_apply_and_says_why_not_elsewhere(
     on_update = [a.name for a in resolve_attacks(scenario.audit, setting, notes)]
 
     assert on_probe == ["dager", "tag"]
-    assert on_update == []  # batches of 16 x 20 tokens: beyond the rank limit of width 128
-    assert any("left out dager" in n and "rank limit" in n for n in notes), notes
+    assert on_update == []  # Adam clients: the update is full-rank
+    assert any("left out dager" in n and "'adam'" in n for n in notes), notes
 
 
 def test_rouge_and_the_pairing_on_hand_computed_cases() -> None:

@@ -54,8 +54,10 @@ def window_length(setting: AttackSetting) -> int | None:
 
 def check_text_setting(setting: AttackSetting, key: str, name: str) -> None:
     """One line refusing a setting an attack on a causal transformer's first attention
-    layers cannot read: another model, attention layers not uploaded, a batch whose tokens
-    reach the rank limit of the width (:func:`fedsim.text.dager.token_limit`)."""
+    layers cannot read: another model, attention layers not uploaded, an update by Adam or
+    momentum (full rank from the first step), a batch whose tokens reach the rank limit of
+    the width (:func:`fedsim.text.dager.token_limit`). ``tag`` is held to the same rules so
+    that both run on the same victims (beyond the limit it recovered nothing either)."""
     width = attention_width(setting.model.name)
     require(
         width is not None,
@@ -74,8 +76,18 @@ def check_text_setting(setting: AttackSetting, key: str, name: str) -> None:
             name,
             f"reads {wanted}; strategy {setting.strategy!r} does not upload it",
         )
-    length = window_length(setting)
     probe = setting.threat_model == ThreatModel.PROBE
+    client = setting.client
+    require(
+        probe or (client.optimizer == "sgd" and client.momentum == 0),
+        f"{key}.name",
+        name,
+        f"reads an update as plain SGD steps; client.optimizer = {client.optimizer!r}"
+        f"{f' with momentum {client.momentum:g}' if client.momentum else ''} rescales each "
+        "coordinate, which makes the update full-rank from its first step "
+        '(docs/text-reconstruction.md); use threat-model = "probe" or plain-SGD clients',
+    )
+    length = window_length(setting)
     batch = setting.probe_batch_size if probe else setting.client.batch_size
     if length is None:
         return
