@@ -181,3 +181,32 @@ def test_rouge_and_the_pairing_on_hand_computed_cases() -> None:
     score = score_sequences(torch.tensor([[5, 6, 7, 8]]), truth)
     assert (score.exact_rate, score.token_accuracy, score.found) == (0.5, 0.5, 1)
     assert score_sequences(torch.zeros(0, 4, dtype=torch.long), truth).rouge1 == 0
+
+
+# The real Flower path (Ray actors, the audit's tasks, the run folder) with dager audited on
+# each client's probe: about 60-90 s on 2 shared cores, most of it Ray's start-up.
+@pytest.mark.slow
+def test_a_real_text_federation_audited_by_dager_gives_back_every_probed_sentence(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    overrides = [
+        "federation.rounds=1",
+        "federation.num-clients=2",
+        "federation.clients-per-round=2",
+        "data.samples-per-client=32",
+        "memorisation.enabled=false",
+        "audit.threat-model=probe",
+        "audit.probe-batch-size=4",
+        'audit.attacks=[{name="dager"}]',
+        "audit.leaks=[]",
+    ]
+    flags = [arg for o in overrides for arg in ("--set", o)]
+
+    assert main(["run", "shakespeare", "--out", str(out), *flags]) == 0
+
+    audit = pd.read_csv(out / AUDIT_FILE)
+    assert len(audit) == 2 and (audit["exact-rate"] >= 0.95).all(), audit
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics["audit-sentences-exact"].iloc[-1] >= 0.95
+    assert "Sentences, per round" in (out / "summary.md").read_text()
