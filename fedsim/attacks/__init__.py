@@ -16,6 +16,7 @@ from fedsim.attacks.aligned import AlignedDLG
 from fedsim.attacks.analytic import AnalyticFC
 from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.cocktail import CocktailParty
+from fedsim.attacks.dager import Dager
 from fedsim.attacks.dlg import DLG
 from fedsim.attacks.fedavg_leakage import FedAvgLeakage
 from fedsim.attacks.generator_leak import GeneratorRepresentatives
@@ -28,6 +29,7 @@ from fedsim.attacks.representatives import ClassRepresentatives
 from fedsim.attacks.rgap import RGAP
 from fedsim.attacks.sapag import SAPAG
 from fedsim.attacks.spear import Spear
+from fedsim.attacks.tag import Tag
 from fedsim.attacks.unrolled import UnrolledDLG
 from fedsim.attacks.vertices import BoxVertices
 
@@ -45,6 +47,7 @@ __all__ = [
     "BoxVertices",
     "ClassRepresentatives",
     "CocktailParty",
+    "Dager",
     "FedAvgLeakage",
     "GeneratorRepresentatives",
     "GradientAlignment",
@@ -54,6 +57,7 @@ __all__ = [
     "Observation",
     "Reconstruction",
     "Spear",
+    "Tag",
     "UnrolledDLG",
     "create_attack",
     "resolve_attack",

@@ -129,7 +129,9 @@ def gradient_probe(
     observation = view.observe(
         sent, reply, ThreatModel.PROBE, ProbeGradient(shared, len(inputs)), shared_kind=shared_kind
     )
-    truth = GroundTruth(normalization.to_pixels(inputs.detach().cpu()).clamp(0, 1), labels.cpu())
+    seen = inputs.detach().cpu()  # token ids as they are; images back in pixel space
+    pixels = normalization.to_pixels(seen).clamp(0, 1) if seen.is_floating_point() else seen
+    truth = GroundTruth(pixels, labels.cpu())
     return Probe(observation, truth)
 
 

@@ -86,8 +86,18 @@ class AuditLog:
     ) -> None:
         """Score and draw one attack's reconstruction of one victim (``counterfactual``: of
         the probe in an ``update`` audit)."""
-        record, score = score_attack(attack, label, observation, truth, rec, run)
+        record, score, text = score_attack(attack, label, observation, truth, rec, run)
         record = replace(record, counterfactual=counterfactual)
+        if record.sequences_found == record.sequences_found:  # a text attack: no pictures
+            self._append(record)
+            scored = (
+                f"exact {record.exact_rate:.0%}, token acc. {record.token_acc:.3f}, "
+                f"ROUGE-1 {record.rouge1:.3f}, ROUGE-L {record.rouge_l:.3f}"
+                if text
+                else "unscored (no truth source)"
+            )
+            self._print(observation, label, scored, record)
+            return
         image = self._image(observation.round, observation.client_id, label)
         if truth is not None and score is not None:
             pairs = scored_pairs(truth.images, truth.labels, rec.images, rec.labels, score)
@@ -109,14 +119,22 @@ class AuditLog:
             )
         else:  # nothing to pair with: the reconstructions alone, in one row
             save_image(rec.images.detach().cpu().clamp(0, 1), image, nrow=len(rec.images))
-        with self._lock:
-            self.rows.append(record.to_row())
-            self._stale.add((observation.round, observation.client_id))
+        self._append(record)
         scored = (
             f"PSNR {record.psnr:.2f} dB, SSIM {record.ssim:.3f}, labels {record.label_acc:.0%}"
             if score
             else "unscored (no truth source)"
         )
+        self._print(observation, label, scored, record)
+
+    def _append(self, record: AuditRecord) -> None:
+        with self._lock:
+            self.rows.append(record.to_row())
+            self._stale.add((record.round, record.client))
+
+    def _print(
+        self, observation: Observation, label: str, scored: str, record: AuditRecord
+    ) -> None:
         self.console.print(
             f"  audit round {observation.round}: {label} on {observation.source} "
             f"({observation.threat_model}): {scored} ({record.seconds:.1f}s)"

@@ -128,6 +128,10 @@ AUDIT_WORDS_F1 = "audit-words-f1"
 AUDIT_WORDS_F1_LOW = "audit-words-f1-low"
 AUDIT_WORDS_F1_HIGH = "audit-words-f1-high"
 AUDIT_WORDS_PRIOR_F1 = "audit-words-prior-f1"
+AUDIT_SENTENCES_EXACT = "audit-sentences-exact"
+AUDIT_SENTENCES_EXACT_LOW = "audit-sentences-exact-low"
+AUDIT_SENTENCES_EXACT_HIGH = "audit-sentences-exact-high"
+AUDIT_SENTENCES_ROUGE1 = "audit-sentences-rouge1"
 # The one-run audit's lower bound on epsilon from the canary client's canaries (the
 # highest over the membership analyses, each at 1 - 5 % / their number: 95 % jointly).
 AUDIT_EPSILON_EMPIRICAL = "audit-epsilon-empirical"
@@ -147,6 +151,8 @@ AUDIT_LEAK_COLUMNS = (
 AUDIT_COLUMNS = (
     *(AUDIT_PSNR, AUDIT_PSNR_LOW, AUDIT_PSNR_HIGH, AUDIT_SSIM, AUDIT_LABEL_ACC),
     *(AUDIT_SUCCESS, AUDIT_SUCCESS_LOW, AUDIT_SUCCESS_HIGH, AUDIT_VICTIMS, AUDIT_LOWER_BOUND),
+    *(AUDIT_SENTENCES_EXACT, AUDIT_SENTENCES_EXACT_LOW, AUDIT_SENTENCES_EXACT_HIGH),
+    AUDIT_SENTENCES_ROUGE1,
     *AUDIT_LEAK_COLUMNS,
 )
 # FedCG's server distillation: teacher-student KL on held-out codes before it,
@@ -253,6 +259,18 @@ class AuditRecord:
     # A probe attacked in an update audit (audit.probe-rounds): what one batch's gradient
     # would give, which the server never receives. Kept out of the round's verdict.
     counterfactual: bool = False
+    # A text attack's scores (fedsim.text.scoring; NaN for images): true sequences
+    # recovered token for token, tokens right at their position, ROUGE-1/2/L F1, and the
+    # sequences it returned. The paired sequences as token ids ("|" between sequences,
+    # ";" between tokens), the recovered one of each pair under its truth.
+    exact_rate: float = math.nan
+    token_acc: float = math.nan
+    rouge1: float = math.nan
+    rouge2: float = math.nan
+    rouge_l: float = math.nan
+    sequences_found: float = math.nan
+    text_recovered: str = ""
+    text_truth: str = ""
 
     def to_row(self) -> dict[str, Any]:
         """The CSV row, kebab-case keys in field order."""
@@ -318,6 +336,12 @@ class VerdictRecord:
     counterfactual_psnr: float = float("nan")
     counterfactual_ssim: float = float("nan")
     counterfactual_attack: str = ""
+    # Text reconstruction ("sentences"): the best exact-sequence rate, token accuracy and
+    # ROUGE-1 over the victim's text attacks, and the attack that reached the exact rate.
+    sentences_exact: float = float("nan")
+    sentences_token_acc: float = float("nan")
+    sentences_rouge1: float = float("nan")
+    sentences_attack: str = ""
 
     def to_row(self) -> dict[str, Any]:
         """The CSV row, kebab-case keys in field order."""

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from torch import nn
 
 from fedsim.core.config import ClientConfig
+from fedsim.core.modality import of_inputs
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ class TruthSource(Protocol):
 def probe_gradient(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, names: Iterable[str]
 ) -> dict[str, torch.Tensor]:
-    """Gradient of the mean cross-entropy on ``(inputs, labels)`` w.r.t. parameters ``names``.
+    """Gradient of the mean cross-entropy on ``(inputs, labels)`` w.r.t. parameters ``names``
+    (next-token for token sequences: the batch's modality's objective).
 
     The model runs in eval mode (restored after). Parameters outside the loss
     (FedCG's generator) get no entry.
@@ -77,7 +78,7 @@ def probe_gradient(
     was_training = model.training
     model.eval()
     try:
-        loss = F.cross_entropy(model(inputs), labels)
+        loss = of_inputs(inputs).loss(model, inputs, labels)
         grads = torch.autograd.grad(loss, [params[n] for n in wanted], allow_unused=True)
     finally:
         model.train(was_training)

@@ -42,6 +42,7 @@ from fedsim.outputs.run_folder import (
     read_departures,
     read_wall_seconds,
 )
+from fedsim.outputs.sentences_report import sentence_table, sentences_round_table, text_rows
 from fedsim.outputs.tables import (
     DEFAULT_SUCCESS_PSNR,
     VERDICT_VICTIM_COLUMNS,
@@ -257,6 +258,10 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
     scenario = scenario_file.read_text() if scenario_file.is_file() else "(no scenario.toml)"
     name = tomllib.loads(scenario).get("name", run_dir.name) if scenario_file.is_file() else ""
     audit, leaks = read_audit(run_dir)
+    # Derived from audit.csv and leaks.csv, as verdict.csv is.
+    verdicts = victim_verdicts(audit, leaks)
+    text = text_rows(audit)
+    audit = audit.drop(index=text.index)  # the rest: image attacks, scored in pixels
     context: dict[str, Any] = {
         "title": f"fedsim run: {name}",
         "subtitle": str(run_dir),
@@ -268,14 +273,15 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
         "scenario": scenario,
         "success_psnr": f"{success_psnr:g}",
     }
-    # Derived from audit.csv and leaks.csv, as verdict.csv is.
-    verdicts = victim_verdicts(audit, leaks)
+    context.update(_sentences_context(run_dir, text, verdicts))
     if not leaks.empty:
         table = leak_verdict_table(verdicts, audit_seed(run_dir)).table
         context.update(
             leak_rounds=table.rows, leak_round_columns=table.columns, **leak_context(run_dir, leaks)
         )
     attacked = verdicts[verdicts["attacks"] > 0] if not verdicts.empty else verdicts
+    if "sentences-exact" in attacked:
+        attacked = attacked[attacked["sentences-exact"].isna()]
     context["audited"] = not attacked.empty  # a verdict on what the server received
     if not attacked.empty:
         rounds = round_verdict_table(attacked, audit_seed(run_dir), success_psnr)
@@ -300,6 +306,15 @@ def write_run_report(run_dir: Path, success_psnr: float = DEFAULT_SUCCESS_PSNR) 
             reconstruction_tables=reconstruction_tables(run_dir, audit),
         )
     return _render("run.html.j2", run_dir / REPORT_FILE, **context)
+
+
+def _sentences_context(run_dir: Path, text: pd.DataFrame, verdicts: pd.DataFrame) -> dict[str, Any]:
+    """The report's text reconstruction tables (nothing without text attacks)."""
+    rounds = sentences_round_table(verdicts, audit_seed(run_dir))
+    sentences = sentence_table(run_dir, text)
+    if rounds is None or sentences is None:
+        return {}
+    return {"sentences_rounds": rounds, "sentence_sets": sentences}
 
 
 def write_compare_report(

@@ -85,6 +85,16 @@ TEMPLATES: dict[str, str] = {
 </section>
 {% endif %}
 
+{% if sentence_sets %}
+<section id="audit-sentences">
+<h2>Privacy audit: sentences</h2>
+<p>Per round, for each victim the best share of its sequences any text attack (dager, tag) recovered token for token; the median over victims with a 95 % bootstrap interval, and the median best ROUGE-1 (on token ids).</p>
+{{ m.table(sentences_rounds.rows, sentences_rounds.columns) }}
+<p>The last audited round: each text attack's recovered sequences under the truth, wrong tokens in brackets; every round's in audit.csv (text-recovered, text-truth).</p>
+{{ m.table(sentence_sets.rows, sentence_sets.columns) }}
+</section>
+{% endif %}
+
 {% if audited %}
 <section id="audit-verdict">
 <h2>Privacy audit: the verdict per round</h2>

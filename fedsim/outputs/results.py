@@ -32,6 +32,7 @@ from fedsim.outputs.run_folder import (
     read_audit,
     write_csv_atomic,
 )
+from fedsim.outputs.sentences_report import sentences_summary_lines, text_rows
 from fedsim.outputs.tables import (
     DEFAULT_SUCCESS_PSNR,
     attack_summary_table,
@@ -286,7 +287,14 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
         ]
     if audit.empty:
         return lines
+    text = text_rows(audit)
+    lines += sentences_summary_lines(run_dir, text, verdicts, seed)
+    audit = audit.drop(index=text.index)  # the rest: image attacks, scored in pixels
+    if audit.empty:
+        return lines
     attacked = verdicts[verdicts["attacks"] > 0]
+    if "sentences-exact" in attacked:
+        attacked = attacked[attacked["sentences-exact"].isna()]
     verdict = round_verdict_table(attacked, seed, threshold)
     lower = any(r["bound"] == protocol.LOWER_BOUND for r in verdict.table.rows)
     if not attacked.empty:

@@ -96,7 +96,24 @@ def victim_verdict(group: pd.DataFrame, leaks: pd.DataFrame | None = None) -> Ve
         pick_residual=pick_residual,
         **_leak_verdict(leaks),
         **_counterfactual_verdict(probe),
+        **_sentences_verdict(group, attacks),
     )
+
+
+def _sentences_verdict(group: pd.DataFrame, attacks: np.ndarray) -> dict[str, Any]:
+    """The victim's text reconstruction: its best exact-sequence rate (with the attack),
+    token accuracy and ROUGE-1 over its text attacks (none: no fields)."""
+    exact, attack = _best(_column(group, "exact_rate", float, math.nan), attacks)
+    if not attack:
+        return {}
+    token_acc, _ = _best(_column(group, "token_acc", float, math.nan), attacks)
+    rouge1, _ = _best(_column(group, "rouge1", float, math.nan), attacks)
+    return {
+        "sentences_exact": exact,
+        "sentences_token_acc": token_acc,
+        "sentences_rouge1": rouge1,
+        "sentences_attack": attack,
+    }
 
 
 def _examples(group: pd.DataFrame, leaks: pd.DataFrame, probe: pd.DataFrame) -> int:
@@ -210,6 +227,7 @@ def round_verdict(
     success = success_interval(int((scored >= success_psnr).sum()), len(scored))
     return {
         **_leak_round_verdict(rows, seed),
+        **_sentences_round(rows, seed),
         protocol.AUDIT_PSNR: median.value,
         protocol.AUDIT_PSNR_LOW: median.low,
         protocol.AUDIT_PSNR_HIGH: median.high,
@@ -220,6 +238,20 @@ def round_verdict(
         protocol.AUDIT_SUCCESS_HIGH: success.high,
         protocol.AUDIT_VICTIMS: float((rows["attacks"] > 0).sum()),
         protocol.AUDIT_LOWER_BOUND: float((rows["bound"] != CONVERGED).any()),
+    }
+
+
+def _sentences_round(rows: pd.DataFrame, seed: int) -> dict[str, float]:
+    """The median over the round's victims of their best exact-sequence rate (with its 95 %
+    bootstrap interval) and ROUGE-1: text reconstruction's verdict (none without it)."""
+    if "sentences-exact" not in rows or rows["sentences-exact"].isna().all():
+        return {}
+    exact = median_interval(rows["sentences-exact"].astype(float).to_numpy(), seed)
+    return {
+        protocol.AUDIT_SENTENCES_EXACT: exact.value,
+        protocol.AUDIT_SENTENCES_EXACT_LOW: exact.low,
+        protocol.AUDIT_SENTENCES_EXACT_HIGH: exact.high,
+        protocol.AUDIT_SENTENCES_ROUGE1: _median(rows["sentences-rouge1"]),
     }
 
 
@@ -305,7 +337,18 @@ def verdict_line(server_round: int, verdict: dict[str, float], verdicts: pd.Data
     """The round's verdict in one terminal line: reconstruction, then each other kind."""
     parts = []
     victims = int(verdict[protocol.AUDIT_VICTIMS])
-    if victims:
+    exact = verdict.get(protocol.AUDIT_SENTENCES_EXACT, math.nan)
+    if victims and not math.isnan(exact):
+        low = verdict.get(protocol.AUDIT_SENTENCES_EXACT_LOW, math.nan)
+        high = verdict.get(protocol.AUDIT_SENTENCES_EXACT_HIGH, math.nan)
+        rouge1 = verdict.get(protocol.AUDIT_SENTENCES_ROUGE1, math.nan)
+        rows = verdicts[verdicts["round"] == server_round]
+        strongest = strongest_attacks(rows["sentences-attack"])
+        parts.append(
+            f"sentences exact {_with_interval(exact, low, high, 2)}, ROUGE-1 {rouge1:.3f} "
+            f"(median over {victims} victim{'s' if victims != 1 else ''}), strongest: {strongest}"
+        )
+    elif victims:
         psnr = verdict[protocol.AUDIT_PSNR]
         low, high = verdict[protocol.AUDIT_PSNR_LOW], verdict[protocol.AUDIT_PSNR_HIGH]
         interval = "" if math.isnan(low) else f" [{low:.1f}, {high:.1f}]"

@@ -41,6 +41,7 @@ from fedsim.scenario.applicability import check_applies, left_out, shares_nothin
 from fedsim.scenario.modality import fits
 
 PORTFOLIO = (
+    "dager",
     "analytic-fc",
     "adam-signs",
     "spear",
@@ -54,9 +55,12 @@ PORTFOLIO = (
     "unrolled-dlg",
     "aligned-dlg",
     "grnn",
+    "tag",
 )
-"""The portfolio, cheapest and strongest first (an attack not registered is skipped); each
-attack's budget is its own :meth:`~fedsim.attacks.base.Attack.audit_preset`."""
+"""The portfolio, cheapest and strongest first (an attack not registered is skipped; one
+made for another modality than the data's is never considered: ``dager`` and ``tag`` run on
+text only, the others on images only); each attack's budget is its own
+:meth:`~fedsim.attacks.base.Attack.audit_preset`."""
 
 
 def reconstruction_refusal(images: int) -> str | None:

@@ -19,6 +19,21 @@ from fedsim.core.models import MODELS, InputSpec, ModelBuilder, SplitNet
 TOKEN_EMBEDDING = "extractor.embedding.weight"
 OUTPUT_WEIGHT = "classifier.weight"
 OUTPUT_BIAS = "classifier.bias"
+WORD_TRANSFORMER_WIDTH = 128
+
+
+def attention_weight_name(layer: int) -> str:
+    """A :class:`TransformerBody` model's parameter name of layer ``layer``'s stacked q, k, v
+    projection weight (what DAGER reads)."""
+    return f"extractor.blocks.layers.{layer}.self_attn.in_proj_weight"
+
+
+def attention_width(name: str) -> int | None:
+    """The width of the causal :class:`TransformerBody` that model ``name`` is built on, as
+    its builder declares (``attention_width``); ``None`` for a model without one (an LSTM,
+    an image model): nothing for an attack on attention-weight gradients to read."""
+    width = getattr(MODELS.get(name), "attention_width", None)
+    return int(width) if width is not None else None
 
 
 class LstmBody(nn.Module):
@@ -71,5 +86,9 @@ def char_lstm(spec: InputSpec) -> SplitNet:
 @_text_model
 def word_transformer(spec: InputSpec) -> SplitNet:
     """A small causal transformer: width 128, 2 layers, 4 heads, token and position embeddings."""
-    body = TransformerBody(spec.num_classes, spec.image_size, 128, 2, 4)
-    return SplitNet(body, nn.Linear(128, spec.num_classes))
+    width = WORD_TRANSFORMER_WIDTH
+    body = TransformerBody(spec.num_classes, spec.image_size, width, 2, 4)
+    return SplitNet(body, nn.Linear(width, spec.num_classes))
+
+
+word_transformer.attention_width = WORD_TRANSFORMER_WIDTH  # type: ignore[attr-defined]
