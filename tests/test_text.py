@@ -84,7 +84,12 @@ def test_text_models_map_token_ids_to_next_token_logits(name: str) -> None:
         ("shakespeare", "model.name=lenet-zhu", "model.name", "is an image model, and data"),
         ("shakespeare", "strategy.name=fedcg", "strategy.name", "is an image strategy"),
         ("shakespeare", 'audit.attacks=[{name="dlg"}]', "audit.attacks[0]", "an image attack"),
-        ("shakespeare", 'audit.leaks=[{name="llg"}]', "audit.leaks[0]", "with text data: words"),
+        (
+            "shakespeare",
+            'audit.leaks=[{name="llg"}]',
+            "audit.leaks[0]",
+            "text data: gradient-alignment, loss-drop, words",
+        ),
         ("shakespeare", "data.dataset=mnist-embedded", "model.name", "is a text model"),
         # Text components with image data.
         ("quickstart", "model.name=char-lstm", "model.name", "allowed with image data: cnn"),

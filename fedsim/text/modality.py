@@ -59,7 +59,8 @@ class TextModality(Modality):
     ) -> torch.Tensor:
         """Each window's mean next-token cross-entropy (every window has ``T`` targets)."""
         logits, targets = forward(inputs[:, :-1]), inputs[:, 1:]
-        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(dim=1)
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        return losses.view(targets.shape).mean(dim=1)
 
     def scores(
         self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
