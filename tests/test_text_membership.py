@@ -13,6 +13,7 @@ import pytest
 import torch
 from client_updates import observed_update
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from test_text import TRANSFORMER, WORDS  # 64 windows of each of the largest roles
 
 from fedsim.attacks.base import Observation, PublicData
 from fedsim.attacks.leakage import Candidates, LeakInput, MembershipLeak
@@ -21,7 +22,7 @@ from fedsim.audit.candidates import AuditPool, draw_candidates
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientSpec
 from fedsim.core import protocol
-from fedsim.core.config import ClientConfig, ComponentConfig, DataConfig, ModelConfig
+from fedsim.core.config import ClientConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.leak_metrics import score_membership
 from fedsim.core.modality import input_spec
@@ -29,13 +30,6 @@ from fedsim.core.models import build_model
 from fedsim.core.training import client_config_record
 from fedsim.core.truth import GroundTruth
 
-WORDS = DataConfig(
-    dataset="shakespeare-words",
-    partitioner=ComponentConfig("groups", {"order": "largest"}),
-    samples_per_client=64,
-    test_fraction=0.1,
-)
-TRANSFORMER = ModelConfig(name="word-transformer")
 CLIENTS = 4
 ROUNDS = 2
 CFG = ClientConfig(local_epochs=2, batch_size=16, optimizer="adam", lr=0.003)
