@@ -11,7 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.text.exposure import CanaryFormat, exposure, exposures, log_perplexity
+from fedsim.text.exposure import (
+    CanaryFormat,
+    exposure,
+    exposures,
+    log_perplexity,
+    space_log_perplexity,
+)
 
 DIGITS = tuple(range(10))
 EPOCHS = 12
@@ -157,3 +163,31 @@ def test_exposure_rises_with_repetitions_on_real_text(seed: int) -> None:
     # one 4.7-8.4 bits, never planted 0.2-2.0 bits (a uniform rank's mean is 1.4 bits).
     assert ten.value > once.value > never.value + 2.0, (ten, once, never)
     assert ten.value > 10.0
+
+
+class Bidirectional(nn.Module):
+    """Next-token logits that read the whole window, later tokens included (not causal)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(vocab, vocab))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.table[tokens] + self.table[tokens[:, -1:]]
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_the_space_read_as_a_trie_equals_every_secret_scored_whole(length: int) -> None:
+    torch.manual_seed(2)
+    model = CharLSTM(12, width=16)
+    fmt = CanaryFormat(prefix=(10, 11), alphabet=DIGITS, length=length)
+    whole = log_perplexity(model, fmt.every_secret(), scored_from=2)
+    assert torch.allclose(space_log_perplexity(model, fmt, batch_size=7), whole, atol=1e-4)
+
+
+def test_exact_exposure_refuses_a_model_that_is_not_causal() -> None:
+    torch.manual_seed(3)
+    fmt = CanaryFormat(prefix=(10, 11), alphabet=DIGITS, length=3)
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="causal"):
+        exposures(Bidirectional(12), fmt, [(1, 2, 3)], reference=100, generator=generator)

@@ -27,7 +27,7 @@ from fedsim.attacks.representatives import RepresentativesParams
 from fedsim.audit import auditor
 from fedsim.audit.tasks import run_attack
 from fedsim.core.config import AuditConfig, ScenarioError
-from fedsim.core.modality import IMAGE, TEXT, modality_of
+from fedsim.core.modality import ANY, IMAGE, TEXT, modality_of
 from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.threat import ThreatModel
 from fedsim.outputs.results import write_summary
@@ -68,7 +68,7 @@ def _table(
 ) -> dict[str, Any]:
     """One round of 2 clients of 20 embedded digits (or 8 Shakespeare windows), the default
     audit under ``threat``."""
-    data, model = DATA[modality]
+    data, model = DATA[IMAGE if modality == ANY else modality]  # any: images stand for it
     return {
         "name": "matrix",
         "federation": {"num-clients": 2, "rounds": 1, "seed": 0},

@@ -297,7 +297,7 @@ def test_stop_inside_round_3_then_resume_matches_an_uninterrupted_run(
     resumed_scenario, checkpoint = open_resume(stopped)
     final = serve_in_process(resumed_scenario, stopped, resume=checkpoint)
 
-    wall_times = ["seconds", protocol.DISTILL_SECONDS]
+    wall_times = ["seconds", protocol.DISTILL_SECONDS, protocol.MEMORISATION_SECONDS]
     pd.testing.assert_frame_equal(
         pd.read_csv(whole / METRICS_FILE).drop(columns=wall_times, errors="ignore"),
         pd.read_csv(stopped / METRICS_FILE).drop(columns=wall_times, errors="ignore"),

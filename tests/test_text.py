@@ -84,7 +84,12 @@ def test_text_models_map_token_ids_to_next_token_logits(name: str) -> None:
         ("shakespeare", "model.name=lenet-zhu", "model.name", "is an image model, and data"),
         ("shakespeare", "strategy.name=fedcg", "strategy.name", "is an image strategy"),
         ("shakespeare", 'audit.attacks=[{name="dlg"}]', "audit.attacks[0]", "an image attack"),
-        ("shakespeare", 'audit.leaks=[{name="llg"}]', "audit.leaks[0]", "with text data: words"),
+        (
+            "shakespeare",
+            'audit.leaks=[{name="llg"}]',
+            "audit.leaks[0]",
+            "text data: gradient-alignment, loss-drop, words",
+        ),
         ("shakespeare", "data.dataset=mnist-embedded", "model.name", "is a text model"),
         # Text components with image data.
         ("quickstart", "model.name=char-lstm", "model.name", "allowed with image data: cnn"),
@@ -210,8 +215,11 @@ def test_the_shakespeare_scenario_learns_and_its_audit_reads_every_clients_words
     accuracy = metrics["test-acc"].to_numpy()
     assert accuracy[-1] > accuracy[0] + 0.01 and accuracy[-1] > 0.12, accuracy
     leaks = pd.read_csv(out / "leaks.csv")
-    assert len(leaks) == 2 * 8 and set(leaks["kind"]) == {"words"}
+    assert len(leaks) == 2 * 8 * 2 and set(leaks["kind"]) == {"words", "membership"}
     assert leaks["words-f1"].min() >= 0.99, leaks["words-f1"]
+    membership = leaks[leaks["kind"] == "membership"]  # loss-drop, every client every round
+    assert (membership["membership-auc-low"] <= membership["membership-auc"]).all()
+    assert membership["membership-auc"].median() > 0.6, membership["membership-auc"]
     assert leaks["words-prior-f1"].max() < 0.75
     planted = metrics["exposure-client0-x10"].iloc[-1]  # [memorisation]: measured every round
     assert planted > max(metrics[f"exposure-reference{i}"].iloc[-1] for i in range(2)) + 3

@@ -14,7 +14,11 @@ client returned, and scores each candidate record:
 
 Both need the whole model's update (FedAvg, FedProx: ``uploads`` is ``None``)
 and candidates, which need a held-out split for the non-members; each refuses
-other settings in one line. A calibrated score (LiRA-style shadow updates on
+other settings in one line. Both take any modality: the loss of one candidate is
+its modality's (:meth:`~fedsim.core.modality.Modality.example_losses`: an image's
+cross-entropy, a text window's mean next-token cross-entropy), so on a text
+federation the candidates are a client's own training windows against held-out
+windows of the same speaking role. A calibrated score (LiRA-style shadow updates on
 public data, Carlini et al. 2022) is not implemented: it would cost one client
 training per shadow.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +37,8 @@ from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.gradients import target_gradient, victim_model
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakAnalysis, LeakInput, MembershipLeak
 from fedsim.core.config import require
+from fedsim.core.modality import ANY, Modality
+from fedsim.core.modality import modality as modality_named
 from fedsim.core.threat import UPDATES, SharedKind
 
 
@@ -84,6 +91,7 @@ class MembershipAnalysis(LeakAnalysis):
     kind = "membership"
     needs_candidates = True
     threat_models = UPDATES  # a model update: one client's, or the round's mean
+    modality: ClassVar[str] = ANY  # each candidate's loss is its modality's
 
     @classmethod
     def registered_name(cls) -> str:
@@ -104,6 +112,7 @@ class MembershipAnalysis(LeakAnalysis):
             observation.global_params
         ) <= set(observation.shared):
             raise ValueError(f"{self.registered_name()} needs the whole model's update")
+        data = modality_named(observation.input_spec.modality)
         step = self.params.chunk
         scores = torch.cat(
             [
@@ -112,6 +121,7 @@ class MembershipAnalysis(LeakAnalysis):
                     candidates.images[i : i + step].to(self.device),
                     candidates.labels[i : i + step].to(self.device),
                     seed,
+                    data,
                 )
                 for i in range(0, len(candidates), step)
             ]
@@ -119,9 +129,14 @@ class MembershipAnalysis(LeakAnalysis):
         return MembershipLeak(scores.cpu(), time.perf_counter() - start)
 
     def score(
-        self, observation: Observation, images: torch.Tensor, labels: torch.Tensor, seed: int
+        self,
+        observation: Observation,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        seed: int,
+        data: Modality,
     ) -> torch.Tensor:
-        """Scores of one chunk of candidates (higher = member)."""
+        """Scores of one chunk of candidates (``data``: their modality; higher = member)."""
         raise NotImplementedError
 
 
@@ -130,16 +145,21 @@ class LossDrop(MembershipAnalysis):
     """Loss at the sent model minus loss at the uploaded model, per candidate."""
 
     def score(
-        self, observation: Observation, images: torch.Tensor, labels: torch.Tensor, seed: int
+        self,
+        observation: Observation,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        seed: int,
+        data: Modality,
     ) -> torch.Tensor:
         model, sent = victim_model(observation, self.device, seed)
         uploaded = {**sent, **{n: v.to(self.device) for n, v in observation.shared.items()}}
         with torch.no_grad():
-            before = F.cross_entropy(
-                functional_call(model, sent, (images,)), labels, reduction="none"
+            before = data.example_losses(
+                lambda x: functional_call(model, sent, (x,)), images, labels
             )
-            after = F.cross_entropy(
-                functional_call(model, uploaded, (images,)), labels, reduction="none"
+            after = data.example_losses(
+                lambda x: functional_call(model, uploaded, (x,)), images, labels
             )
         return before - after
 
@@ -153,7 +173,12 @@ class GradientAlignment(MembershipAnalysis):
     in_auto = False
 
     def score(
-        self, observation: Observation, images: torch.Tensor, labels: torch.Tensor, seed: int
+        self,
+        observation: Observation,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        seed: int,
+        data: Modality,
     ) -> torch.Tensor:
         model, sent = victim_model(observation, self.device, seed)
         names = list(observation.shared)
@@ -161,8 +186,8 @@ class GradientAlignment(MembershipAnalysis):
         flat = torch.cat([direction[n].flatten() for n in names])
 
         def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, {**sent, **params}, (x[None],))
-            return F.cross_entropy(logits, y[None])
+            forward = lambda v: functional_call(model, {**sent, **params}, (v,))  # noqa: E731
+            return data.example_losses(forward, x[None], y[None])[0]
 
         trainable = {n: sent[n] for n in names}
         grads = vmap(grad(loss), in_dims=(None, 0, 0))(trainable, images, labels)

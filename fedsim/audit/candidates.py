@@ -28,6 +28,7 @@ import torch
 
 from fedsim.attacks.leakage import Candidates, PublicData
 from fedsim.core.data import Normalization
+from fedsim.core.modality import of_inputs
 from fedsim.core.seeds import SeedStream, stream_rng
 from fedsim.core.truth import GroundTruth
 
@@ -72,8 +73,9 @@ def draw_candidates(
 ) -> tuple[Candidates, torch.Tensor]:
     """Membership candidates for one victim and which of them are members.
 
-    Members are drawn from ``trained`` (pixel space, what the victim trained on
-    this round), each with a non-member of the same label from the pool; a member
+    Members are drawn from ``trained`` (what the victim trained on this round, as the
+    scorer holds it: pixels, or token ids), each with a non-member of the same label
+    (class, or a text window's speaking role) from the pool; a member
     whose label the pool has run out of is left out, so both halves keep the same
     class mix. At most ``count`` of each; shuffled together.
     """
@@ -93,7 +95,7 @@ def draw_candidates(
         if left:
             members.append(int(i))
             others.append(int(left.pop()))
-    inside = normalization.to_model(trained.images[members].float())
+    inside = of_inputs(outside.images).model_input(normalization, trained.images[members])
     images = torch.cat([inside, outside.images[others]])
     labels = torch.cat([trained.labels[members].long(), outside.labels[others].long()])
     is_member = torch.cat([torch.ones(len(members)), torch.zeros(len(others))]).bool()

@@ -4,8 +4,10 @@ A :class:`Modality` says, for one kind of data, how a batch is recognised
 (:meth:`Modality.takes`), what a model of it is built for
 (:meth:`Modality.input_spec`), what one example looks like for a shapes-only
 check (:meth:`Modality.dry_input`), the objective and its scores
-(:meth:`Modality.loss`, :meth:`Modality.scores`) and what the scorer compares
-(:meth:`Modality.truth`). Local training, evaluation and
+(:meth:`Modality.loss`, :meth:`Modality.scores`, per example
+:meth:`Modality.example_losses`, which membership analyses read) and what the
+scorer compares (:meth:`Modality.truth`, back to model input
+:meth:`Modality.model_input`). Local training, evaluation and
 validation ask the modality instead of assuming pixels, so a new kind of data is
 a new folder registering one (``fedsim.text`` registers ``text``), not a branch
 in each of them.
@@ -20,13 +22,14 @@ modality with data of another is refused in one line before any work
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsim.core.data import DatasetBundle
+from fedsim.core.data import DatasetBundle, Normalization
 from fedsim.core.models import InputSpec
 from fedsim.core.raw import ANY, IMAGE, TEXT
 from fedsim.core.registry import Registry
@@ -69,8 +72,22 @@ class Modality(ABC):
         """``inputs`` of ``bundle`` as the scorer compares them with what an attack found."""
 
     @abstractmethod
+    def model_input(self, normalization: Normalization, truth: torch.Tensor) -> torch.Tensor:
+        """Examples as :meth:`truth` gives them, back in model-input space."""
+
+    @abstractmethod
     def loss(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The training objective on one batch (a mean)."""
+
+    @abstractmethod
+    def example_losses(
+        self,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> torch.Tensor:
+        """``(N,)``: the objective of each example of ``inputs`` under ``forward`` (a model,
+        or a functional call of one); their mean is :meth:`loss`."""
 
     @abstractmethod
     def scores(
@@ -97,8 +114,19 @@ class ImageModality(Modality):
         """Pixels in [0, 1] (the public normalisation undone)."""
         return bundle.normalization.to_pixels(inputs).clamp(0, 1)
 
+    def model_input(self, normalization: Normalization, truth: torch.Tensor) -> torch.Tensor:
+        return normalization.to_model(truth.float())
+
     def loss(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(model(inputs), labels)
+
+    def example_losses(
+        self,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> torch.Tensor:
+        return F.cross_entropy(forward(inputs), labels, reduction="none")
 
     def scores(
         self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor

@@ -122,6 +122,8 @@ AUDIT_REPRESENTATIVES_SSIM = "audit-representatives-ssim"
 AUDIT_REPRESENTATIVES_COSINE = "audit-representatives-cosine"
 AUDIT_LEAK_CLIENTS = "audit-leak-clients"
 TEST_PERPLEXITY = "test-perplexity"  # a text model's: exp(test-loss), per predicted token
+# [memorisation]: the wall seconds of measuring every canary's exposure on the global model.
+MEMORISATION_SECONDS = "memorisation-seconds"
 # words: F1 of the tokens read from the embedding update (median over clients, 95 %
 # interval) and of the frequency prior's guess of as many tokens.
 AUDIT_WORDS_F1 = "audit-words-f1"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -103,7 +104,9 @@ class ServerResources:
         if modality(self.bundle.modality).perplexity:
             metrics[protocol.TEST_PERPLEXITY] = math.exp(min(loss, 700.0))
         if self.canaries is not None:
+            started = time.perf_counter()
             metrics |= self.canaries.measure(model)
+            metrics[protocol.MEMORISATION_SECONDS] = time.perf_counter() - started
         return MetricRecord(metrics)
 
 

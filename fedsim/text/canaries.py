@@ -8,7 +8,9 @@ one character each after a space). A planting client's canary window starts with
 the canary and is filled with the vocabulary's unknown token; it is repeated as
 often as the scenario says. The exposure of every canary is measured on a model
 (the released global one) against every secret of ``R`` when ``|R|`` is at most
-1,000 (exact rank), else by the paper's skew-normal fit to 1,000 random secrets.
+10,000 (exact rank, the model read as a trie:
+:func:`~fedsim.text.exposure.space_log_perplexity`), else by the paper's skew-normal
+fit to 1,000 random secrets.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.text.exposure import CanaryFormat, exposures
 from fedsim.text.tokens import Vocabulary
 
-EXACT_LIMIT = 1000
-"""The largest ``|R|`` ranked exactly, every round (about 0.3 s on one loaded core for the
-small transformer; 10,000 took 2-3 s, a fifth of a round)."""
+EXACT_LIMIT = 10_000
+"""The largest ``|R|`` ranked exactly, every round: 4 digits. Read as a trie, 10,000 secrets
+took 0.19 s on one loaded core for the small transformer, against 0.7 s for the skew-normal
+fit to 1,000 random secrets scored one by one (2-3 s for all 10,000 one by one)."""
 REFERENCE_DRAWS = 1000
 """Random secrets the skew-normal fit reads where ``R`` is larger."""
 

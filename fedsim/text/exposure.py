@@ -12,8 +12,18 @@ Where ``R`` is small enough to score every secret the rank is exact. Otherwise t
 extrapolation applies: fit a skew-normal distribution to the log-perplexities of random
 secrets and read the exposure as ``-log2 CDF(canary's log-perplexity)``.
 
-The model is any module mapping token ids ``(B, T)`` to next-token logits ``(B, T, V)``; this
-module knows nothing of how the canary's tokens were made or where it was planted.
+Scoring all of ``R`` (:func:`space_log_perplexity`) reads the model as a trie: a causal
+model's logits at a position depend on the tokens up to it alone, so one forward pass of
+the ``|A|**(L-1)`` sequences "prefix + the first L-1 secret tokens" gives every secret's
+log-perplexity (the last position's softmax scores all ``|A|`` last tokens at once), and
+each position's softmax is taken once per distinct context (``1 + |A| + ... + |A|**(L-1)``
+of them). ``|R| = 10,000`` then costs about what 1,000 random secrets cost scored one by
+one. A model that is not causal is refused (the planted canaries' own log-perplexities,
+scored whole, must match).
+
+The model is any causal module mapping token ids ``(B, T)`` to next-token logits
+``(B, T, V)``; this module knows nothing of how the canary's tokens were made or where it
+was planted.
 """
 
 from __future__ import annotations
@@ -105,6 +115,46 @@ def log_perplexity(
         model.train(was_training)
 
 
+@torch.no_grad()
+def space_log_perplexity(
+    model: nn.Module, fmt: CanaryFormat, batch_size: int = 256
+) -> torch.Tensor:
+    """Every secret's log-perplexity in bits, in :meth:`CanaryFormat.every_secret`'s order.
+
+    One forward pass per ``batch_size`` contexts (see the module); exact for a causal model.
+    """
+    size, length, start = len(fmt.alphabet), fmt.length, len(fmt.prefix) - 1
+    contexts = (
+        fmt.every_secret()[::size, :-1]
+        if length > 1
+        else fmt._with_prefix(torch.zeros(1, 0, dtype=torch.long))
+    )
+    alphabet = torch.tensor(fmt.alphabet, dtype=torch.long)
+    device = next(model.parameters()).device
+    # Position k (predicting secret token k) has size**k distinct contexts: every
+    # size**(length - 1 - k)-th context row.
+    strides = [size ** (length - 1 - k) for k in range(length)]
+    picked: list[list[torch.Tensor]] = [[] for _ in range(length)]
+    was_training = model.training
+    model.eval()
+    try:
+        for first in range(0, len(contexts), batch_size):
+            logits = model(contexts[first : first + batch_size].to(device))
+            rows = torch.arange(first, first + len(logits))
+            for k, stride in enumerate(strides):
+                distinct = rows % stride == 0
+                logp = torch.log_softmax(logits[distinct, start + k].double(), dim=-1)
+                picked[k].append(logp[:, alphabet.to(device)].cpu())
+    finally:
+        model.train(was_training)
+    secrets = torch.arange(size**length)
+    total = torch.zeros(size**length, dtype=torch.float64)
+    for k, stride in enumerate(strides):
+        # Flattened (context, token) index of secret s at position k: s // stride.
+        total -= torch.cat(picked[k]).flatten()[secrets // stride]
+    return total / math.log(2)
+
+
 @dataclass(frozen=True)
 class Exposure:
     """One canary's exposure in bits, its rank among ``R`` (estimated where not exact)."""
@@ -132,8 +182,19 @@ def exposures(
     canaries = torch.stack([fmt.sequence(secret) for secret in secrets])
     canary_ppl = log_perplexity(model, canaries, scored_from).numpy()
     if fmt.space_size <= exact_limit:
-        space_ppl = np.sort(log_perplexity(model, fmt.every_secret(), scored_from).numpy())
-        return [_exact(p, space_ppl) for p in canary_ppl]
+        space = space_log_perplexity(model, fmt)
+        index = torch.zeros(len(secrets), dtype=torch.long)
+        for k in range(fmt.length):  # each secret's place in every_secret()'s order
+            digits = canaries[:, scored_from + k, None] == torch.tensor(fmt.alphabet)
+            index = index * len(fmt.alphabet) + digits.long().argmax(dim=1)
+        # Float32 logits of other batches differ in the last bits; a non-causal model by bits.
+        if not np.allclose(space[index].numpy(), canary_ppl, rtol=0.0, atol=1e-3):
+            raise ValueError(
+                "exact exposure reads the model as causal (a position's logits from the tokens "
+                "up to it): this model's log-perplexities of the canaries differ when scored whole"
+            )
+        space_ppl = np.sort(space.numpy())
+        return [_exact(float(p), space_ppl) for p in space[index]]  # each canary as ranked
     if reference < 100:
         raise ValueError(
             f"a skew-normal fit needs at least 100 reference canaries, got {reference}"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsim.core.data import DatasetBundle
+from fedsim.core.data import DatasetBundle, Normalization
 from fedsim.core.modality import MODALITIES, TEXT, Modality
 from fedsim.core.models import InputSpec
 
@@ -41,9 +43,24 @@ class TextModality(Modality):
         """The token ids, as they are."""
         return inputs
 
+    def model_input(self, normalization: Normalization, truth: torch.Tensor) -> torch.Tensor:
+        """Token ids are model input as they are."""
+        return truth.long()
+
     def loss(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = next_token_logits(model, inputs)
         return F.cross_entropy(logits.flatten(0, 1), inputs[:, 1:].flatten())
+
+    def example_losses(
+        self,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each window's mean next-token cross-entropy (every window has ``T`` targets)."""
+        logits, targets = forward(inputs[:, :-1]), inputs[:, 1:]
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        return losses.view(targets.shape).mean(dim=1)
 
     def scores(
         self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
