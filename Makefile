@@ -41,14 +41,19 @@ chromium:
 	  { $(SUDO) apt-get install -y -q chromium || \
 	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }; }
 
+# Two pytest workers, a test file each at a time (module fixtures run once): most tests
+# wait on Ray, subprocesses or one torch thread, so two share the 2 cores well.
+PYTEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
 # The shipped compare-table2 sweep reads Debian's Fashion-MNIST: its validation test needs it.
 test: lint chromium fmnist
-	$(VENV)/bin/pytest -q
+	$(PYTEST)
 
 # The fast lane: what a change is checked with before the whole suite. The tests marked
 # slow run real simulations and long attacks (most of `make test`'s time); CI runs them.
 check: lint fmnist
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lock: install
 	(echo "# Exact versions CI tests; the Makefile installs with -c constraints.txt. Regenerate with: make lock"; \
