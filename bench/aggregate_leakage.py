@@ -63,7 +63,7 @@ from fedsim.simulation.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE = ROOT / "docs" / "figures" / "aggregate_leakage.png"
-ATTACK = BoxVertices.name
+ATTACK = BoxVertices.registered_name()
 
 
 def scenario_table(clients: int, images: int, seed: int, rounds: int) -> dict[str, Any]:

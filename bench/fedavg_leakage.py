@@ -32,6 +32,7 @@ import torch
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, PublicData
 from fedsim.audit.candidates import AuditPool
+from fedsim.audit.observe import ServerView, observe_upload
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import score_reconstruction
@@ -64,18 +65,11 @@ def client_update(
     net = build_model(model, spec, seed=derive_seed(SeedStream.MODEL_INIT, seed))
     sent = {k: v.detach().clone() for k, v in net.named_parameters()}
     train_local(net, x, y, cfg, seed=derive_seed(SeedStream.CLIENT_TRAIN, seed, 1, client))
-    observation = Observation(
-        round=1,
+    view = ServerView(model, spec, bundle.normalization, "fedavg")
+    uploaded = {k: v.detach().clone() for k, v in net.named_parameters()}
+    observation = dataclasses.replace(
+        observe_upload(view, sent, uploaded, cfg, images),
         client_id=client,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v.detach().clone() for k, v in net.named_parameters()},
-        global_params=sent,
-        model=model,
-        input_spec=spec,
-        normalization=bundle.normalization,
-        train_config=cfg,
-        num_examples=images,
         public=public_data(bundle, index, seed),
     )
     return observation, bundle.normalization.to_pixels(x), y

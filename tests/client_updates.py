@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from fedsim.attacks.base import Observation, PublicData
+from fedsim.audit.observe import ServerView, observe_upload
 from fedsim.core.config import ClientConfig, ModelConfig
 from fedsim.core.data import DatasetBundle
 from fedsim.core.models import InputSpec, build_model
@@ -47,17 +49,7 @@ def observed_update(
 ) -> Observation:
     """What the server observes of client 0 in round 1 after it trained ``model`` from
     ``sent``: the trained parameters as its update (``fields``: further Observation fields)."""
-    return Observation(
-        round=1,
-        client_id=0,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v.detach().clone() for k, v in model.named_parameters()},
-        global_params=sent,
-        model=model_cfg,
-        input_spec=spec,
-        normalization=bundle.normalization,
-        train_config=cfg,
-        num_examples=num_examples,
-        **fields,
-    )
+    view = ServerView(model_cfg, spec, bundle.normalization, "fedavg")
+    uploaded = {k: v.detach().clone() for k, v in model.named_parameters()}
+    observation = observe_upload(view, sent, uploaded, cfg, num_examples)
+    return dataclasses.replace(observation, **fields)

@@ -18,6 +18,7 @@ from fedsim.attacks.analytic import AnalyticFC, AnalyticFCParams, read_linear_in
 from fedsim.attacks.base import Observation
 from fedsim.audit.experiment import gradient_probe
 from fedsim.audit.fidelity import MATCHED, fidelity_residual
+from fedsim.audit.observe import ServerView, observe_upload
 from fedsim.clients.app import build_client_app
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset
@@ -55,20 +56,10 @@ def fedsgd_update(
     images, labels = MNIST32.test_images[index : index + 1], MNIST32.test_labels[index : index + 1]
     train_local(model, images, labels, FEDSGD, seed=seed)
     names = [k for k in sent if k.startswith(shared_prefix)]
-    observation = Observation(
-        round=1,
-        client_id=0,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v.detach().clone() for k, v in model.named_parameters() if k in names},
-        global_params={k: sent[k] for k in names},
-        model=cfg,
-        input_spec=spec,
-        normalization=MNIST32.normalization,
-        train_config=FEDSGD,
-        num_examples=1,
-        strategy="fedavg" if not shared_prefix else "fedsplit",
-    )
+    view = ServerView(cfg, spec, MNIST32.normalization, "fedsplit" if shared_prefix else "fedavg")
+    uploaded = {k: v.detach().clone() for k, v in model.named_parameters() if k in names}
+    # Under FedSplit the server sends and receives the shared part only.
+    observation = observe_upload(view, {k: sent[k] for k in names}, uploaded, FEDSGD, 1)
     truth = GroundTruth(MNIST32.normalization.to_pixels(images), labels)
     # The sent model (what the true features come from), not the trained one.
     model.load_state_dict(sent, strict=False)

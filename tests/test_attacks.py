@@ -25,10 +25,12 @@ from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS
 from fedsim.attacks.registry import create_attack
 from fedsim.attacks.sapag import SAPAGParams
 from fedsim.audit.experiment import Probe, gradient_probe
+from fedsim.audit.observe import ProbeGradient, ServerView, observe_upload
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import Normalization, load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.threat import ThreatModel
 from fedsim.core.toml_tables import parse_table
 
 LENET = ModelConfig("lenet-zhu", "uniform")
@@ -104,23 +106,15 @@ def _fake_observation(batch: int, shared_prefix: str = "") -> Observation:
     model = build_model(LENET, spec, seed=0)
     gen = torch.Generator().manual_seed(0)
     params = {n: p.detach() for n, p in model.named_parameters()}
-    return Observation(
-        round=1,
-        client_id=0,
-        threat_model="probe",
-        shared_kind="gradient",
-        shared={
-            n: 1e-3 * torch.randn(p.shape, generator=gen)
-            for n, p in params.items()
-            if n.startswith(shared_prefix)
-        },
-        global_params=params,
-        model=LENET,
-        input_spec=spec,
-        normalization=Normalization.identity(3),
-        train_config=ClientConfig(batch_size=batch, local_steps=1),
-        num_examples=batch,
-    )
+    gradient = {
+        n: 1e-3 * torch.randn(p.shape, generator=gen)
+        for n, p in params.items()
+        if n.startswith(shared_prefix)
+    }
+    view = ServerView(LENET, spec, Normalization.identity(3), "fedavg")
+    cfg = ClientConfig(batch_size=batch, local_steps=1)
+    probe = ProbeGradient(gradient, batch)
+    return observe_upload(view, params, {}, cfg, batch, ThreatModel.PROBE, probe)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import Observation
 from fedsim.attacks.gradients import batchnorm_view, statistics_from_buffers
 from fedsim.audit.fidelity import fidelity_residual
-from fedsim.audit.observe import reveal_batch_statistics
+from fedsim.audit.observe import ServerView, observe_upload, reveal_batch_statistics
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.models import InputSpec, batch_statistics, build_model
@@ -38,23 +38,9 @@ def _fedavg_step(count: int = 2) -> tuple[Observation, GroundTruth, dict[str, to
     truth_stats = batch_statistics(model, images)
     cfg = ClientConfig(local_steps=1, batch_size=count, lr=0.1)
     train_local(model, images, labels, cfg, seed=0)
-    names = {n for n, _ in model.named_parameters()}
     uploaded = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    observation = Observation(
-        round=1,
-        client_id=0,
-        threat_model="update",
-        shared_kind="update",
-        shared={k: v for k, v in uploaded.items() if k in names},
-        global_params={k: v for k, v in sent_state.items() if k in names},
-        model=MODEL,
-        input_spec=SPEC,
-        normalization=BUNDLE.normalization,
-        train_config=cfg,
-        num_examples=count,
-        extra_uploads={k: v for k, v in uploaded.items() if k not in names},
-        extra_sent={k: v for k, v in sent_state.items() if k not in names},
-    )
+    view = ServerView(MODEL, SPEC, BUNDLE.normalization, "fedavg")
+    observation = observe_upload(view, sent_state, uploaded, cfg, count)
     pixels = BUNDLE.normalization.to_pixels(images)
     return observation, GroundTruth(pixels, labels), truth_stats
 

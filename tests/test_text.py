@@ -94,7 +94,12 @@ def test_text_models_map_token_ids_to_next_token_logits(name: str) -> None:
         # Text components with image data.
         ("quickstart", "model.name=char-lstm", "model.name", "allowed with image data: cnn"),
         ("quickstart", 'audit.leaks=[{name="words"}]', "audit.leaks[0]", "a text leak analysis"),
-        ("quickstart", "memorisation.enabled=true", "memorisation.enabled", "text datasets: sh"),
+        (
+            "quickstart",
+            "memorisation.enabled=true",
+            "memorisation.enabled",
+            "text datasets: flwr-local-text, ",
+        ),
         ("shakespeare", "strategy.name=fedsplit", "memorisation.enabled", "global model (fedavg"),
     ],
 )

@@ -194,6 +194,23 @@ class ServerView:
         return dataclasses.replace(observation, summed_examples=touched)
 
 
+def observe_upload(
+    view: ServerView,
+    sent: dict[str, torch.Tensor],
+    uploaded: dict[str, torch.Tensor],
+    config: ClientConfig,
+    examples: int,
+    threat_model: ThreatModel = ThreatModel.UPDATE,
+    probe: ProbeGradient | None = None,
+) -> Observation:
+    """One client's reply in round 1 observed outside a run (a test's, a bench's), by
+    :meth:`ServerView.observe` as the audit observes it: client 0 trained on ``examples``
+    examples with ``config`` from ``sent`` and uploaded ``uploaded``."""
+    reply = InterceptedReply(0, examples, examples, config, uploaded)
+    intercepted = InterceptedRound(1, sent, config, 0.0, (reply,))
+    return view.observe(intercepted, reply, threat_model, probe)
+
+
 def reveal_batch_statistics(observation: Observation, truth: GroundTruth) -> Observation:
     """``observation`` plus the victim batch's BatchNorm statistics (the ``known`` attacker).
 
