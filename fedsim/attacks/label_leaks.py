@@ -30,13 +30,9 @@ Learning", PETS 2022, properties 1 and 2). Three analyses read it:
   (bias-corrected counting, iLRG; :mod:`fedsim.attacks.labels`) for a probe or
   one plain SGD step, where the update is the gradient exactly.
 
-A calibrated reading by shadow updates (the server replays the client's
-public config with :func:`~fedsim.core.training.train_local` on public subsets
-of known class mixes and fits a linear map from the output layer's bias and
-row-sum updates to class shares) was measured and left out: under Adam it
-scored total-variation distances of 0.27-0.43 where LLG scored 0.05-0.28 on
-the same clients, at 1.4-2.3 s of shadow training per round, on a setup since found flawed
-(docs/leaks.md).
+A calibrated reading by shadow updates lives in :mod:`fedsim.attacks.shadow_labels`
+(``shadow-labels``): a regression fitted per round on the server's simulated clients,
+which reads an uninformative update as the data-free prior (docs/leaks.md).
 """
 
 from __future__ import annotations

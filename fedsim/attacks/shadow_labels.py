@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.stats import chisquare
 from torch.func import functional_call
 
 from fedsim.attacks.base import AttackSetting, Observation
@@ -91,9 +92,14 @@ class ShadowLabelsParams:
         require(self.max_examples >= 0, "max-examples", self.max_examples, "must be >= 0")
 
 
-def class_mix(public: PublicData, classes: int) -> torch.Tensor:
-    """The public data's class shares, ``(K,)`` float64: the data-free prior."""
+def class_mix(public: PublicData, classes: int, level: float = 0.01) -> torch.Tensor:
+    """The data-free prior, ``(K,)`` float64: the public data's class shares where a
+    chi-square test rejects a uniform mix at ``level``, else uniform (a few hundred
+    public examples of balanced classes are a noisier guess than the uniform one:
+    TV 0.049 against 0.028 on the demo's IID clients)."""
     counts = torch.bincount(public.labels.long().cpu(), minlength=classes).double()
+    if float(chisquare(counts.numpy()).pvalue) >= level:
+        return torch.full((classes,), 1 / classes, dtype=torch.float64)
     return counts / counts.sum()
 
 
@@ -185,7 +191,10 @@ class ShadowLabels(LeakAnalysis):
         for one in inputs:
             began = time.perf_counter()
             observation = one.observation
-            params = {**shared.sent, **{n: v.to(self.device) for n, v in observation.shared.items()}}
+            params = {
+                **shared.sent,
+                **{n: v.to(self.device) for n, v in observation.shared.items()},
+            }
             own = design(shared.features(params), offset, observation.num_examples)
             feats = own / scale
             spread = float((feats**2).sum())
@@ -227,7 +236,9 @@ class ShadowLabels(LeakAnalysis):
         targets ``(S * K,)`` (shares minus the prior), and the IID shadows' mean features
         (all shadows' where none is IID)."""
         p = self.params
-        rng = np.random.default_rng([derive_seed(SeedStream.LEAK_ANALYSIS, seed), observation.round])
+        rng = np.random.default_rng(
+            [derive_seed(SeedStream.LEAK_ANALYSIS, seed), observation.round]
+        )
         classes = len(prior)
         iid_at = self._iid_at()
         quantiles = np.quantile(
