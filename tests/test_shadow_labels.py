@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -35,26 +36,38 @@ def _tv(idx: torch.Tensor, seed: int) -> tuple[float, float]:
     return score.tv_distance, score.uniform_tv
 
 
-# Measured (seeds 0-2, 400 IID digits, 2 epochs of Adam on the 300-step model): TV 0.061,
-# 0.044, 0.054 with the public mix as prior, the uniform guess 0.063, 0.048, 0.045; llg
-# 0.80-0.91, logit-shift 0.10-0.17. The gate reads such updates as the prior.
+# Measured (seeds 0-3, 200 IID digits, 2 epochs of Adam on the 300-step model): TV 0.115,
+# 0.073, 0.100, 0.100 against the uniform guess's 0.115, 0.080, 0.100, 0.100 (the gate reads
+# these updates as the prior); at 400 digits logit-shift scored 0.10-0.17, llg 0.80-0.91.
 @pytest.mark.parametrize("seed", [0, 1])
 def test_an_iid_client_is_read_no_worse_than_the_uniform_guess(seed: int) -> None:
     pool = training_halves()[1]
     order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(5 + seed))
 
-    tv, uniform = _tv(pool[order[:400]], seed)
+    tv, uniform = _tv(pool[order[:200]], seed)
 
     assert tv <= uniform + 0.01
 
 
-# Measured (Dirichlet 0.3, seeds 20-23): TV 0.19-0.54 against the uniform guess's 0.39-0.73,
-# at 160 digits 0.193 against 0.556.
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_label_skewed_client_is_read_well_beyond_the_uniform_guess(seed: int) -> None:
-    tv, uniform = _tv(dirichlet_client(160, 0.3, seed=21 + seed), seed)
+# Measured (a round of 4 clients of 160 digits at Dirichlet 0.3, draws 20-23 / 30-33 /
+# 40-43): median TV 0.33 / 0.26 / 0.32 against the uniform guess's 0.53 / 0.54 / 0.52
+# (logit-shift 0.22 / 0.27 / 0.18 on these never-seen digits: docs/leaks.md).
+@pytest.mark.parametrize("first", [20, 30])
+def test_a_round_of_label_skewed_clients_is_read_well_beyond_the_uniform_guess(first: int) -> None:
+    idxs = [dirichlet_client(160, 0.3, seed=first + i) for i in range(4)]
+    public = public_and_outsiders()[0]
+    inputs = [LeakInput(client_update(idx, ADAM, seed=i), public) for i, idx in enumerate(idxs)]
+    analysis = LEAKS.get("shadow-labels")
 
-    assert tv < uniform - 0.15
+    leaks = analysis(ShadowLabelsParams()).analyse_many(inputs, seed=first)
+
+    scores = [
+        score_labels(leak.counts, digits().train_labels[idx])
+        for leak, idx in zip(leaks, idxs, strict=True)
+    ]
+    tv = float(np.median([s.tv_distance for s in scores]))
+    uniform = float(np.median([s.uniform_tv for s in scores]))
+    assert tv < uniform - 0.1
 
 
 def test_the_prior_is_uniform_unless_the_public_mix_is_clearly_skewed() -> None:

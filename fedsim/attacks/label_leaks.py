@@ -76,6 +76,27 @@ def check_output_layer(setting: AttackSetting, key: str, name: str) -> str:
     return prefix
 
 
+def check_logit_reader(setting: AttackSetting, key: str, name: str) -> None:
+    """Refuse, for analysis ``name``, a setting without what reading the logits' shift
+    needs: an uploaded output bias, the whole model's update, a held-out split."""
+    check_output_layer(setting, key, name)
+    require(
+        setting.uploads is None,
+        f"{key}.name",
+        name,
+        "compares the uploaded model's logits with the sent one's: needs the whole "
+        f"model's update (strategy {setting.strategy!r} shares only part of it)",
+    )
+    require(
+        setting.held_out,
+        f"{key}.name",
+        name,
+        f"reads the logits' shift on the server's public data; dataset "
+        f"{setting.data.dataset!r} has no held-out split (generated, or its test images "
+        "are its training images)",
+    )
+
+
 def llg_counts(
     row_sums: torch.Tensor, total: int, impact: float, offset: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -275,22 +296,7 @@ class LogitShift(LeakAnalysis):
         """Refuse an update without the whole model (the logits need every layer), a
         probe (no updated model), a model whose output bias is never uploaded, and data
         without a held-out split (no public images that are not a client's)."""
-        check_output_layer(setting, key, "logit-shift")
-        require(
-            setting.uploads is None,
-            f"{key}.name",
-            "logit-shift",
-            "compares the uploaded model's logits with the sent one's: needs the whole "
-            f"model's update (strategy {setting.strategy!r} shares only part of it)",
-        )
-        require(
-            setting.held_out,
-            f"{key}.name",
-            "logit-shift",
-            f"reads the logits' shift on the server's public data; dataset "
-            f"{setting.data.dataset!r} has no held-out split (generated, or its test images "
-            "are its training images)",
-        )
+        check_logit_reader(setting, key, "logit-shift")
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> LabelLeak:
         """Counts from the softmax of the mean logit shift over the public images."""

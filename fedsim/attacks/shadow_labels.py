@@ -56,7 +56,7 @@ from torch.func import functional_call
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.closed_form import linear_layers
 from fedsim.attacks.gradients import victim_model
-from fedsim.attacks.label_leaks import LogitShift, public_subset
+from fedsim.attacks.label_leaks import check_logit_reader, public_subset
 from fedsim.attacks.leakage import LEAKS, LabelLeak, Leak, LeakAnalysis, LeakInput, PublicData
 from fedsim.core.config import require
 from fedsim.core.seeds import SeedStream, derive_seed
@@ -221,7 +221,7 @@ class ShadowLabels(LeakAnalysis):
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
         """What ``logit-shift`` needs: the whole model's update, an output bias, public
         images from a held-out split."""
-        LogitShift.check_setting(setting, key)
+        check_logit_reader(setting, key, "shadow-labels")
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> LabelLeak:
         """One client: a shadow pool of its own."""
