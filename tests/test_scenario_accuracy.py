@@ -19,7 +19,7 @@ from fedsim.simulation.runner import run_scenario
 SCENARIOS = Path(__file__).parents[1] / "scenarios"
 
 
-@pytest.mark.slow(reason="a 20-client simulation on Ray, 3 rounds unaudited (about 30 s)")
+@pytest.mark.slow(reason="a 20-client simulation on Ray, 3 rounds unaudited (83 s at load 7)")
 def test_audit_realistic_learns(tmp_path: Path) -> None:
     """``audit-realistic`` trained without its audit for 3 of its 5 rounds: measured test
     accuracy 0.525 / 0.811 / 0.884 over rounds 1-3 (0.895 after round 5), seed 0."""
