@@ -30,13 +30,9 @@ Learning", PETS 2022, properties 1 and 2). Three analyses read it:
   (bias-corrected counting, iLRG; :mod:`fedsim.attacks.labels`) for a probe or
   one plain SGD step, where the update is the gradient exactly.
 
-A calibrated reading by shadow updates (the server replays the client's
-public config with :func:`~fedsim.core.training.train_local` on public subsets
-of known class mixes and fits a linear map from the output layer's bias and
-row-sum updates to class shares) was measured and left out: under Adam it
-scored total-variation distances of 0.27-0.43 where LLG scored 0.05-0.28 on
-the same clients, at 1.4-2.3 s of shadow training per round, on a setup since found flawed
-(docs/leaks.md).
+A calibrated reading by shadow updates lives in :mod:`fedsim.attacks.shadow_labels`
+(``shadow-labels``): a regression fitted per round on the server's simulated clients,
+which reads an uninformative update as the data-free prior (docs/leaks.md).
 """
 
 from __future__ import annotations
@@ -78,6 +74,27 @@ def check_output_layer(setting: AttackSetting, key: str, name: str) -> str:
         f"{setting.strategy!r} uploads no {prefix}.bias",
     )
     return prefix
+
+
+def check_logit_reader(setting: AttackSetting, key: str, name: str) -> None:
+    """Refuse, for analysis ``name``, a setting without what reading the logits' shift
+    needs: an uploaded output bias, the whole model's update, a held-out split."""
+    check_output_layer(setting, key, name)
+    require(
+        setting.uploads is None,
+        f"{key}.name",
+        name,
+        "compares the uploaded model's logits with the sent one's: needs the whole "
+        f"model's update (strategy {setting.strategy!r} shares only part of it)",
+    )
+    require(
+        setting.held_out,
+        f"{key}.name",
+        name,
+        f"reads the logits' shift on the server's public data; dataset "
+        f"{setting.data.dataset!r} has no held-out split (generated, or its test images "
+        "are its training images)",
+    )
 
 
 def llg_counts(
@@ -279,22 +296,7 @@ class LogitShift(LeakAnalysis):
         """Refuse an update without the whole model (the logits need every layer), a
         probe (no updated model), a model whose output bias is never uploaded, and data
         without a held-out split (no public images that are not a client's)."""
-        check_output_layer(setting, key, "logit-shift")
-        require(
-            setting.uploads is None,
-            f"{key}.name",
-            "logit-shift",
-            "compares the uploaded model's logits with the sent one's: needs the whole "
-            f"model's update (strategy {setting.strategy!r} shares only part of it)",
-        )
-        require(
-            setting.held_out,
-            f"{key}.name",
-            "logit-shift",
-            f"reads the logits' shift on the server's public data; dataset "
-            f"{setting.data.dataset!r} has no held-out split (generated, or its test images "
-            "are its training images)",
-        )
+        check_logit_reader(setting, key, "logit-shift")
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> LabelLeak:
         """Counts from the softmax of the mean logit shift over the public images."""

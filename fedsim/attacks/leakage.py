@@ -67,11 +67,13 @@ class LeakInput:
 @dataclass(frozen=True)
 class LabelLeak:
     """Estimated examples per class, ``(K,)`` float, summing to the examples the
-    update was computed on (``Observation.num_examples``)."""
+    update was computed on (``Observation.num_examples``). ``prior``: the data-free
+    guess scored beside it, the public data's class counts (set by the audit)."""
 
     counts: torch.Tensor
     seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    prior: torch.Tensor | None = None
 
     @property
     def proportions(self) -> torch.Tensor:

@@ -121,11 +121,12 @@ def _labels(base: LeakRecord, leak: LabelLeak, truth: LeakTruth | None) -> LeakR
     record = replace(base, label_estimate=_counts_text(leak.counts))
     if truth is None:
         return record
-    score = score_labels(leak.counts, truth.trained.labels)
+    score = score_labels(leak.counts, truth.trained.labels, leak.prior)
     return replace(
         record,
         label_tv=score.tv_distance,
         label_tv_uniform=score.uniform_tv,
+        label_tv_public=score.prior_tv,
         label_attributed=score.attributed,
         label_top_right=float(score.top_class_right),
         label_truth=_counts_text(true_counts(truth.trained.labels, len(leak.counts))),

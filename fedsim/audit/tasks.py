@@ -21,8 +21,8 @@ import torch
 from rich.console import Console
 
 from fedsim.attacks.analytic import AnalyticAttack
-from fedsim.attacks.base import Observation, Reconstruction
-from fedsim.attacks.leakage import Leak, LeakInput
+from fedsim.attacks.base import Observation, PublicData, Reconstruction
+from fedsim.attacks.leakage import LabelLeak, Leak, LeakInput
 from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
@@ -132,7 +132,18 @@ def run_leak_analysis(
     leaks = analysis.create(device=device).analyse_many(inputs, seed=seed)
     share = (time.perf_counter() - started) / max(1, len(leaks))
     timed = [leak if leak.seconds else replace(leak, seconds=share) for leak in leaks]
+    timed = [
+        replace(leak, prior=public_counts(one.public, len(leak.counts)))
+        if isinstance(leak, LabelLeak) and leak.prior is None
+        else leak
+        for leak, one in zip(timed, inputs, strict=True)
+    ]
     return timed, DeviceUse(device.type, 0.0, 0.0)
+
+
+def public_counts(public: PublicData, classes: int) -> torch.Tensor:
+    """The public data's examples per class: the server's data-free label prior."""
+    return torch.bincount(public.labels.long().cpu(), minlength=classes).float()
 
 
 # Typed Any: Ray's stubs type remote functions of at most five arguments.

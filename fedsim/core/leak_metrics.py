@@ -42,6 +42,7 @@ class LabelScore:
     attributed: float  # share of examples in the right class (integer counts)
     top_class_right: bool
     uniform_tv: float  # the TV distance of a uniform guess: the no-information baseline
+    prior_tv: float = math.nan  # the TV distance of ``prior`` (the public class mix), if given
 
 
 def true_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -62,8 +63,11 @@ def integer_counts(counts: torch.Tensor, total: int) -> torch.Tensor:
     return floor
 
 
-def score_labels(estimated: torch.Tensor, labels: torch.Tensor) -> LabelScore:
-    """An estimated count per class (``(K,)``) against the labels trained on."""
+def score_labels(
+    estimated: torch.Tensor, labels: torch.Tensor, prior: torch.Tensor | None = None
+) -> LabelScore:
+    """An estimated count per class (``(K,)``) against the labels trained on; ``prior``
+    (``(K,)`` shares or counts, e.g. the public data's class mix) is scored beside it."""
     truth = true_counts(labels, len(estimated))
     total = int(truth.sum())
     est = estimated.detach().double().cpu().clamp_min(0)
@@ -76,7 +80,13 @@ def score_labels(estimated: torch.Tensor, labels: torch.Tensor) -> LabelScore:
         attributed=float(overlap) / max(1, total),
         top_class_right=bool(truth[int(est_share.argmax())] == truth.max()),
         uniform_tv=float(0.5 * (uniform - true_share).abs().sum()),
+        prior_tv=math.nan if prior is None else _tv(prior, true_share),
     )
+
+
+def _tv(counts: torch.Tensor, true_share: torch.Tensor) -> float:
+    share = counts.detach().double().cpu().clamp_min(0)
+    return float(0.5 * (share / share.sum() - true_share).abs().sum())
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,13 @@ AUDIT_LABEL_TV = "audit-label-tv"
 AUDIT_LABEL_TV_LOW = "audit-label-tv-low"
 AUDIT_LABEL_TV_HIGH = "audit-label-tv-high"
 AUDIT_LABEL_TV_UNIFORM = "audit-label-tv-uniform"
+# The best data-free prior's TV (the lower of the uniform guess's and the public data's
+# class mix's) and the median advantage over it of the best analysis (prior TV minus
+# its TV; > 0: the update told the server more than the prior), with its interval.
+AUDIT_LABEL_TV_PRIOR = "audit-label-tv-prior"
+AUDIT_LABEL_ADVANTAGE = "audit-label-advantage"
+AUDIT_LABEL_ADVANTAGE_LOW = "audit-label-advantage-low"
+AUDIT_LABEL_ADVANTAGE_HIGH = "audit-label-advantage-high"
 AUDIT_MEMBERSHIP_AUC = "audit-membership-auc"
 AUDIT_MEMBERSHIP_AUC_LOW = "audit-membership-auc-low"
 AUDIT_MEMBERSHIP_AUC_HIGH = "audit-membership-auc-high"
@@ -320,7 +327,9 @@ class VerdictRecord:
     # TPR at 1 % FPR), the highest representatives' SSIM (or feature cosine).
     label_tv: float = float("nan")
     label_tv_uniform: float = float("nan")
-    label_analysis: str = ""
+    label_analysis: str = ""  # "prior" where no analysis beat the best data-free prior
+    label_tv_prior: float = float("nan")  # the lower of the uniform and public-mix TVs
+    label_advantage: float = float("nan")  # label_tv_prior minus the best analysis's TV
     membership_auc: float = float("nan")
     membership_auc_low: float = float("nan")
     membership_auc_high: float = float("nan")
@@ -371,6 +380,7 @@ class LeakRecord:
     examples: int
     label_tv: float = math.nan
     label_tv_uniform: float = math.nan
+    label_tv_public: float = math.nan  # the public data's class mix as the guess
     label_attributed: float = math.nan
     label_top_right: float = math.nan
     label_estimate: str = ""  # estimated examples per class, rounded, ";"-separated

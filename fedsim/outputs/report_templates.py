@@ -85,7 +85,7 @@ TEMPLATES: dict[str, str] = {
 </section>
 {% endif %}
 
-{% if sentence_sets %}
+{% if sentence_sets is defined %}
 <section id="audit-sentences">
 <h2>Privacy audit: sentences</h2>
 <p>Per round, for each victim the best share of its sequences any text attack (dager, tag) recovered token for token; the median over victims with a 95 % bootstrap interval, and the median best ROUGE-1 (on token ids).</p>

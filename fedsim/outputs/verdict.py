@@ -31,6 +31,7 @@ from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord, VerdictRec
 from fedsim.core.seeds import SeedStream, derive_seed
 
 _col = AuditRecord.column
+PRIOR = "prior"  # the label verdict's name for the data-free guess that no analysis beat
 
 
 def _column(group: pd.DataFrame, field_name: str, dtype: type, missing: Any) -> np.ndarray:
@@ -150,12 +151,7 @@ def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
     tv = leaks["label-tv"].to_numpy(dtype=float)
     out: dict[str, Any] = {}
     if not np.isnan(tv).all():
-        at = int(np.nanargmin(tv))
-        out.update(
-            label_tv=float(tv[at]),
-            label_tv_uniform=float(leaks["label-tv-uniform"].to_numpy(dtype=float)[at]),
-            label_analysis=str(names[at]),
-        )
+        out.update(_label_verdict(leaks, tv, names))
     auc = leaks["membership-auc"].to_numpy(dtype=float)
     if not np.isnan(auc).all():
         at = int(np.nanargmax(auc))
@@ -183,6 +179,25 @@ def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
             out[field_name] = value
             out["representatives_analysis"] = out.get("representatives_analysis") or analysis
     return out
+
+
+def _label_verdict(leaks: pd.DataFrame, tv: np.ndarray, names: np.ndarray) -> dict[str, Any]:
+    """The best label analysis against the best data-free prior (the uniform guess, the
+    public data's class mix): its advantage over the prior, and the prior itself as the
+    verdict (analysis ``prior``) where no analysis beat it."""
+    at = int(np.nanargmin(tv))
+    uniform = float(leaks["label-tv-uniform"].to_numpy(dtype=float)[at])
+    public = leaks.get("label-tv-public", pd.Series(math.nan, index=leaks.index))
+    public_tv = public.to_numpy(dtype=float)
+    prior = min(uniform, float(np.nanmin(public_tv))) if not np.isnan(public_tv).all() else uniform
+    best = float(tv[at])
+    return {
+        "label_tv": min(best, prior),
+        "label_tv_uniform": uniform,
+        "label_analysis": str(names[at]) if best <= prior else PRIOR,
+        "label_tv_prior": prior,
+        "label_advantage": prior - best,
+    }
 
 
 def victim_verdicts(audit: pd.DataFrame, leaks: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -270,6 +285,7 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_LABEL_TV_LOW: tv.low,
         protocol.AUDIT_LABEL_TV_HIGH: tv.high,
         protocol.AUDIT_LABEL_TV_UNIFORM: _median(rows["label-tv-uniform"]),
+        **_advantage_round(rows, seed),
         protocol.AUDIT_MEMBERSHIP_AUC: auc.value,
         protocol.AUDIT_MEMBERSHIP_AUC_LOW: auc.low,
         protocol.AUDIT_MEMBERSHIP_AUC_HIGH: auc.high,
@@ -283,6 +299,20 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_WORDS_F1_HIGH: words.high,
         protocol.AUDIT_WORDS_PRIOR_F1: _median(rows["words-prior-f1"]),
         **_counterfactual_round(rows, seed),
+    }
+
+
+def _advantage_round(rows: pd.DataFrame, seed: int) -> dict[str, float]:
+    """The median over the round's clients of the best label analysis's advantage over the
+    best prior, with its 95 % bootstrap interval (none in verdicts older than it)."""
+    if "label-advantage" not in rows:
+        return {}
+    advantage = median_interval(rows["label-advantage"].astype(float).to_numpy(), seed)
+    return {
+        protocol.AUDIT_LABEL_TV_PRIOR: _median(rows["label-tv-prior"]),
+        protocol.AUDIT_LABEL_ADVANTAGE: advantage.value,
+        protocol.AUDIT_LABEL_ADVANTAGE_LOW: advantage.low,
+        protocol.AUDIT_LABEL_ADVANTAGE_HIGH: advantage.high,
     }
 
 
@@ -374,6 +404,25 @@ def _with_interval(value: float, low: float, high: float, digits: int) -> str:
     return f"{value:.{digits}f}{interval}"
 
 
+def _labels_phrase(verdict: dict[str, float], tv: str) -> str:
+    """``labels TV ... (uniform guess ...)``, with the advantage over the best prior and,
+    where the analyses did not beat it (advantage's interval at or below 0), so said."""
+    get = verdict.get
+    phrase = f"labels TV {tv} (uniform guess {get(protocol.AUDIT_LABEL_TV_UNIFORM, math.nan):.2f}"
+    advantage = get(protocol.AUDIT_LABEL_ADVANTAGE, math.nan)
+    if math.isnan(advantage):
+        return phrase + ")"
+    low = get(protocol.AUDIT_LABEL_ADVANTAGE_LOW, math.nan)
+    high = get(protocol.AUDIT_LABEL_ADVANTAGE_HIGH, math.nan)
+    phrase += (
+        f", best prior {get(protocol.AUDIT_LABEL_TV_PRIOR, math.nan):.2f}; "
+        f"advantage {_with_interval(advantage, low, high, 2)})"
+    )
+    if not (high > 0 if not math.isnan(high) else advantage > 0):
+        phrase += ": no leak beyond the prior"
+    return phrase
+
+
 def leak_verdict_parts(verdict: dict[str, float]) -> list[str]:
     """The other kinds of a round's verdict, one phrase each (absent kinds left out)."""
     get = verdict.get
@@ -386,9 +435,7 @@ def leak_verdict_parts(verdict: dict[str, float]) -> list[str]:
             get(protocol.AUDIT_LABEL_TV_HIGH, math.nan),
             2,
         )
-        parts.append(
-            f"labels TV {text} (uniform guess {get(protocol.AUDIT_LABEL_TV_UNIFORM, math.nan):.2f})"
-        )
+        parts.append(_labels_phrase(verdict, text))
     auc = get(protocol.AUDIT_MEMBERSHIP_AUC, math.nan)
     if not math.isnan(auc):
         text = _with_interval(
