@@ -72,7 +72,9 @@ def _scores(
     return leak.scores
 
 
-@pytest.mark.parametrize("analysis", [LossDrop, GradientAlignment], ids=lambda a: a.registered_name())
+@pytest.mark.parametrize(
+    "analysis", [LossDrop, GradientAlignment], ids=lambda a: a.registered_name()
+)
 def test_a_text_clients_own_windows_are_told_from_held_out_windows_of_its_role(
     federation: tuple[DatasetBundle, list[ClientEnv], list[Observation]],
     analysis: type[LossDrop | GradientAlignment],
