@@ -37,6 +37,7 @@ from fedsim.core.config import (
     CentralDPConfig,
     ClientConfig,
     DataConfig,
+    FailureConfig,
     FederationConfig,
     ModelConfig,
     Scenario,
@@ -162,10 +163,17 @@ def check_stragglers(
     )
 
 
-def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[EngineHooks]) -> None:
+def check_central_dp(
+    central: CentralDPConfig,
+    fed: FederationConfig,
+    failures: FailureConfig,
+    data: DataConfig,
+    model: ModelConfig,
+    strategy: Resolved,
+) -> None:
     """Flower's central DP calibrates its noise to the plain mean of every sampled client's
     clipped update, and scales and noises every uploaded array."""
-    central = scenario.central_dp
+    strategy_cls = strategy.cls
     if not central.enabled:
         return
     key, value = "central-dp.clipping", central.clipping
@@ -174,19 +182,19 @@ def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[Engin
         strategy_cls.plain_mean,
         key,
         value,
-        f"strategy {strategy!r} does not release the plain mean of the uploads, to which "
+        f"strategy {strategy.name!r} does not release the plain mean of the uploads, to which "
         f"Flower's central DP calibrates its noise; these do: {', '.join(able)}",
     )
     require(
-        scenario.federation.stragglers == 0 and scenario.failures.fraction == 0,
+        fed.stragglers == 0 and failures.fraction == 0,
         key,
         value,
         "Flower's accountant counts every sampled client in each release; set "
         "federation.stragglers = 0 and failures.fraction = 0",
     )
-    spec = data_spec(scenario.data)
+    spec = data_spec(data)
     with torch.device("meta"):
-        state = MODELS.get(scenario.model.name)(spec).state_dict()
+        state = MODELS.get(model.name)(spec).state_dict()
     prefixes = strategy_cls.shared_prefixes
     uploaded = state if prefixes is None else protocol.keep_prefixed(state, prefixes)
     counters = [name for name, tensor in uploaded.items() if not tensor.is_floating_point()]
@@ -195,7 +203,7 @@ def check_central_dp(scenario: Scenario, strategy: str, strategy_cls: type[Engin
         key,
         value,
         f"Flower's central DP scales and noises every uploaded array, and model "
-        f"{scenario.model.name!r} uploads integer ones ({counters[0] if counters else ''}, "
+        f"{model.name!r} uploads integer ones ({counters[0] if counters else ''}, "
         "BatchNorm's counter); use a model without BatchNorm or a strategy that keeps it "
         "private (fedsplit)",
     )
@@ -256,7 +264,14 @@ def check_components(scenario: Scenario) -> Components:
     check_stragglers(scenario.federation, scenario.client, strategy.name, strategy.cls)
     check_strategy_threat(scenario.audit, scenario.federation, strategy.name, strategy.cls)
     check_threat_options(scenario.audit, scenario.central_dp)
-    check_central_dp(scenario, strategy.name, strategy.cls)
+    check_central_dp(
+        scenario.central_dp,
+        scenario.federation,
+        scenario.failures,
+        data,
+        scenario.model,
+        strategy,
+    )
     check_canary_clients(scenario.audit, scenario.central_dp)
     client = client_spec(scenario, partitioner, generator)
     audit_threat = scenario.audit.threat_model if scenario.audit.enabled else None

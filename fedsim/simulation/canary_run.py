@@ -18,7 +18,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from fedsim.audit.canary_clients import WithCanaryClients
 from fedsim.clients.app import build_client_app
 from fedsim.core import protocol
-from fedsim.core.config import Scenario, require
+from fedsim.core.config import require
 from fedsim.core.data import load_dataset
 from fedsim.core.empirical_privacy import CosineEstimate
 from fedsim.core.training import client_config_record
@@ -51,7 +51,7 @@ def run_with_canary_clients(components: Components, canaries: int) -> CanaryRun:
     """``components`` (a validated scenario with ``[central-dp]``, client-side clipping,
     every client sampled) run in process with ``canaries`` canary clients beside its
     clients, all in every round."""
-    scenario: Scenario = components.scenario
+    scenario = components.scenario
     central, fed = scenario.central_dp, scenario.federation
     require(
         central.clipping == "client",
