@@ -22,12 +22,21 @@ from fedsim.cli import main
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientSpec
 from fedsim.core import protocol
-from fedsim.core.config import ClientConfig, ComponentConfig, DataConfig, ModelConfig
-from fedsim.core.data import DATASETS, load_dataset
+from fedsim.core.config import (
+    BackendConfig,
+    ClientConfig,
+    ComponentConfig,
+    DataConfig,
+    FederationConfig,
+    ModelConfig,
+    ScenarioError,
+)
+from fedsim.core.data import DATASETS, load_dataset, load_raw
 from fedsim.core.memorisation import MemorisationConfig
 from fedsim.core.modality import TEXT, input_spec, modality_of
 from fedsim.core.models import MODELS, build_model
 from fedsim.core.training import client_config_record, evaluate
+from fedsim.scenario.machine import check_data_fits, held_bytes
 from fedsim.text.canaries import PlantedCanaries
 from fedsim.text.models import OUTPUT_WEIGHT, TOKEN_EMBEDDING
 from fedsim.text.shakespeare import roles
@@ -274,3 +283,17 @@ def test_fedsim_list_shows_each_datasets_and_models_modality(
         }
         assert rows[text].split("│")[3].strip() == "text"
         assert rows[image].split("│")[3].strip() == "image"
+
+
+def test_the_memory_check_counts_token_windows_not_images_of_them() -> None:
+    # Found running the anchors bench: every window of char-level Shakespeare (47,769 of
+    # 81 ids) was priced as a 32x32 image of 81 channels, 14.8 GiB a process, and refused.
+
+    text = DataConfig(dataset="shakespeare")
+    raw = load_raw(text)
+    windows = len(raw.train_labels) + len(raw.test_labels)
+    assert held_bytes(raw, text) == windows * raw.train_images.shape[1] * 8
+    check_data_fits(text, FederationConfig(num_clients=20), BackendConfig())
+    images = DataConfig(dataset="mnist-embedded", image_size=1024)
+    with pytest.raises(ScenarioError, match=r"data\.image-size = 1024: .* GiB in each of"):
+        check_data_fits(images, FederationConfig(num_clients=4), BackendConfig())

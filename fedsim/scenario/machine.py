@@ -13,6 +13,7 @@ import torch
 from fedsim.core.config import BackendConfig, DataConfig, FederationConfig, ScenarioError, require
 from fedsim.core.data import load_raw, shaped_channels
 from fedsim.core.devices import test_logical_gpus
+from fedsim.core.raw import IMAGE, RawDataset
 
 MAX_ACTORS_PER_CORE = 4
 """Flower starts ``ray-cpus / num-cpus`` client actors; more per core flood the machine."""
@@ -66,10 +67,19 @@ def physical_memory() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def check_data_fits(data: DataConfig, fed: FederationConfig, backend: BackendConfig) -> None:
-    """Clients have examples to hold, and the resized dataset fits in memory.
+def held_bytes(raw: RawDataset, data: DataConfig) -> int:
+    """Bytes of the dataset one process holds: images resized to ``data.image-size`` as
+    float32; token windows as loaded (int64 ids, no resizing)."""
+    examples = len(raw.train_labels) + len(raw.test_labels)
+    if raw.modality != IMAGE:
+        return int(raw.train_images.nbytes + raw.test_images.nbytes)
+    return examples * shaped_channels(raw, data) * data.image_size**2 * BYTES_PER_VALUE
 
-    The driver and every client actor each hold the whole dataset at the image size.
+
+def check_data_fits(data: DataConfig, fed: FederationConfig, backend: BackendConfig) -> None:
+    """Clients have examples to hold, and the shaped dataset fits in memory.
+
+    The driver and every client actor each hold the whole dataset.
     """
     raw = load_raw(data)
     num_train = len(raw.train_labels)
@@ -79,14 +89,17 @@ def check_data_fits(data: DataConfig, fed: FederationConfig, backend: BackendCon
         fed.num_clients,
         f"must be at most {num_train}, the training examples of {data.dataset}",
     )
-    images = num_train + len(raw.test_labels)
-    per_process = images * shaped_channels(raw, data) * data.image_size**2 * BYTES_PER_VALUE
+    examples = num_train + len(raw.test_labels)
+    per_process = held_bytes(raw, data)
     processes = 1 + (1 if backend.address else actor_count(backend))
     needed, have = per_process * processes, physical_memory()
+    key, value = ("data.image-size", data.image_size)
+    if raw.modality != IMAGE:
+        key, value = ("data.dataset", data.dataset)
     require(
         needed <= have,
-        "data.image-size",
-        data.image_size,
-        f"{images} images at this size need {per_process / 2**30:.1f} GiB in each of "
+        key,
+        value,
+        f"{examples} examples need {per_process / 2**30:.1f} GiB in each of "
         f"{processes} processes, more than this machine's {have / 2**30:.1f} GiB",
     )
