@@ -71,7 +71,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in strategies:
             started = time.perf_counter()
-            result = run_scenario(scenario_from_dict(table(args, strategy)), Path(tmp) / "run")
+            result = run_scenario(
+                scenario_from_dict(table(args, strategy)), Path(tmp) / strategy["name"]
+            )
             wall = time.perf_counter() - started
             metrics = pd.read_csv(result.run_dir / "metrics.csv")
             curve = metrics[["round", "test-acc", "seconds"]].copy()
