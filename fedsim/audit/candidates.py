@@ -81,9 +81,14 @@ def draw_candidates(
     """
     rng = stream_rng(SeedStream.AUDIT_CANDIDATES, seed, server_round, partition)
     outside = pool.non_members
+    # Each label's pool positions, ascending, shuffled label by label in ascending order.
+    # One sort, not a scan of the pool per label: a text pool has a label per speaking role.
+    pool_labels = outside.labels.cpu().numpy()
+    by_label = np.argsort(pool_labels, kind="stable")
+    labels_present, starts = np.unique(pool_labels[by_label], return_index=True)
     unused = {
-        int(c): list(rng.permutation(torch.nonzero(outside.labels == c).flatten().numpy()))
-        for c in outside.labels.unique()
+        int(c): list(rng.permutation(positions))
+        for c, positions in zip(labels_present, np.split(by_label, starts[1:]), strict=True)
     }
     members: list[int] = []
     others: list[int] = []
