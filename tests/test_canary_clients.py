@@ -39,6 +39,25 @@ def test_the_gaussian_mechanisms_epsilon_is_dp_accountings(noise: float, release
     assert ours == pytest.approx(accountant.get_epsilon(DELTA), rel=1e-6)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_interval_from_two_root_finds_is_the_bootstrap_of_every_resample(seed: int) -> None:
+    # Epsilon rises with the separation, so the epsilons' quantiles come from the
+    # separations' order statistics; a root-find per resample gives the same interval.
+    data = np.random.default_rng(seed)
+    inserted, unseen = data.normal(1.5, 1.0, 12), data.normal(0.0, 1.0, 20)
+    estimate = cosine_epsilon(inserted, unseen, DELTA, np.random.default_rng(seed + 10))
+    rng = np.random.default_rng(seed + 10)
+    every = []
+    for _ in range(1000):
+        a, b = rng.choice(inserted, len(inserted)), rng.choice(unseen, len(unseen))
+        pooled = np.sqrt((a.var(ddof=1) + b.var(ddof=1)) / 2)
+        every.append(gaussian_mechanism_epsilon(float((a.mean() - b.mean()) / pooled), DELTA))
+    low, high = np.quantile(every, [0.025, 0.975])
+    assert estimate.low == pytest.approx(low, abs=1e-9)
+    assert estimate.high == pytest.approx(high, abs=1e-9)
+    assert estimate.low < estimate.epsilon < estimate.high
+
+
 def test_the_estimate_finds_a_planted_separation_and_nothing_in_its_null() -> None:
     rng = np.random.default_rng(0)
     null = rng.normal(0.0, 1.0, 2000)

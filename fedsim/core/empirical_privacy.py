@@ -223,12 +223,26 @@ def cosine_epsilon(
     )
     require(0 < delta < 1, "delta", delta, "must be in (0, 1)")
     separation = _separation(seen, null)
-    draws = [
-        gaussian_mechanism_epsilon(
-            _separation(rng.choice(seen, len(seen)), rng.choice(null, len(null))), delta
-        )
-        for _ in range(resamples)
-    ]
-    low, high = np.quantile(draws, [0.025, 0.975])
+    draws = np.sort(
+        [
+            _separation(rng.choice(seen, len(seen)), rng.choice(null, len(null)))
+            for _ in range(resamples)
+        ]
+    )
+    low, high = (_epsilon_quantile(draws, q, delta) for q in (0.025, 0.975))
     epsilon = gaussian_mechanism_epsilon(separation, delta)
-    return CosineEstimate(epsilon, float(low), float(high), delta, separation)
+    return CosineEstimate(epsilon, low, high, delta, separation)
+
+
+def _epsilon_quantile(separations: np.ndarray, q: float, delta: float) -> float:
+    """The ``q`` quantile (NumPy's linear one) of the epsilons of sorted ``separations``.
+
+    Epsilon rises with the separation, so the epsilons' order statistics are those of
+    the separations: two root-finds around the quantile's position give what a
+    root-find per resample would (1,000 of them per estimate before).
+    """
+    position = q * (len(separations) - 1)
+    below = int(np.floor(position))
+    above = min(below + 1, len(separations) - 1)
+    low, high = (gaussian_mechanism_epsilon(float(separations[i]), delta) for i in (below, above))
+    return low + (position - below) * (high - low)
