@@ -56,7 +56,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from rich.console import Console
 
-from fedsim.attacks.vertices import BoxVertices
+from fedsim.attacks.reconstruction.vertices import BoxVertices
 from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.outputs.run_folder import AUDIT_FILE, LEAKS_FILE, METRICS_FILE, VERDICT_FILE
 from fedsim.simulation.runner import run_scenario

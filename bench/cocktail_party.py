@@ -23,7 +23,7 @@ import time
 import torch
 
 from fedsim.attacks.base import Observation, Reconstruction
-from fedsim.attacks.cocktail import (
+from fedsim.attacks.reconstruction.cocktail import (
     CocktailParty,
     CocktailPartyParams,
     bias_scaled,
@@ -31,7 +31,7 @@ from fedsim.attacks.cocktail import (
     unmixed,
     whiten,
 )
-from fedsim.attacks.vertices import BoxVertices, BoxVerticesParams
+from fedsim.attacks.reconstruction.vertices import BoxVertices, BoxVerticesParams
 from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import load_dataset

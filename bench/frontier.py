@@ -7,7 +7,7 @@ an attack x a model x a data set x a batch size, ``--victims`` batches per
 cell (fewer where the data set has too few images; CIFAR-100 samples hold
 20, so their largest batch is 16). Medians over a cell's batches: PSNR (peak 1
 on [0, 1] pixels), SSIM, the attack's label accuracy, and the label accuracy of
-counting alone (:func:`fedsim.attacks.labels.infer_labels` on the probe:
+counting alone (:func:`fedsim.attacks.toolkits.labels.infer_labels` on the probe:
 iDLG at batch 1, the bias-corrected count otherwise), which is what a batch
 larger than the number of classes, necessarily with repeated labels, tests.
 LFW faces have no identity labels: every face is class 0 (all labels repeat).
@@ -36,7 +36,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from fedsim.attacks.labels import infer_labels
+from fedsim.attacks.toolkits.labels import infer_labels
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.config import DataConfig
 from fedsim.core.data import load_dataset

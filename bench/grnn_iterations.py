@@ -4,7 +4,7 @@ Both sides do the same work per iteration (generator forward, the victim's
 gradient with ``create_graph``, the loss, backward, one RMSprop step) on the
 same LeNet-5 (GRNN) probe gradient of real MNIST digits. The minimal loop is
 what the official code does, written inline on a plain ``nn.Module``; the
-project's side is :meth:`fedsim.attacks.grnn.GRNN.reconstruct` end to end (setup and
+project's side is :meth:`fedsim.attacks.reconstruction.grnn.GRNN.reconstruct` end to end (setup and
 the final scoring pass included). Runs alternate and each ratio (speed of
 the second over the first, > 1 is faster) is the median of the per-repeat
 ratios, as the machine is shared.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.attacks.base import Observation
-from fedsim.attacks.grnn import GRNN, GrnnGenerator, total_variation
+from fedsim.attacks.reconstruction.grnn import GRNN, GrnnGenerator, total_variation
 from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset

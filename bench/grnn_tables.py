@@ -7,7 +7,7 @@ attacks see the same gradients; GRNN also runs with the ``sorted`` Wasserstein
 reading at batch 4. Cells report the median per-image PSNR (peak 1) and SSIM
 over every image of every victim, label accuracy over all labels (GRNN's label
 branch, DLG's joint soft labels, and beside them the counting method of
-:mod:`fedsim.attacks.labels` on the same gradients) and the median seconds per
+:mod:`fedsim.attacks.toolkits.labels` on the same gradients) and the median seconds per
 attack, wall and CPU (the machine is shared: the CPU seconds of this
 one-thread process are the steadier measure).
 
@@ -33,8 +33,8 @@ import torch
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack
-from fedsim.attacks.grnn import GRNN
-from fedsim.attacks.labels import infer_labels
+from fedsim.attacks.reconstruction.grnn import GRNN
+from fedsim.attacks.toolkits.labels import infer_labels
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import load_dataset

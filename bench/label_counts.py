@@ -4,7 +4,7 @@ Per cell: the median label accuracy (multiset overlap,
 :func:`~fedsim.core.metrics.label_accuracy`) over ``--trials`` seeded batches
 of real ``mnist-embedded`` test digits (32x32, normalised), read from the probe
 gradient (``dL/dtheta``, as :func:`~fedsim.audit.experiment.gradient_probe`
-builds it) by both batch readings of :func:`~fedsim.attacks.labels.infer_labels`:
+builds it) by both batch readings of :func:`~fedsim.attacks.toolkits.labels.infer_labels`:
 ``count`` (bias-corrected counting, mean softmax from noise images) and
 ``ilrg`` (Ma et al. 2023, a softmax per class read off the gradient). Beside
 them, the smallest singular value of iLRG's system over its largest (the
@@ -40,7 +40,7 @@ import time
 import torch
 from torch import nn
 
-from fedsim.attacks.labels import BatchLabels, ilrg_system, infer_labels
+from fedsim.attacks.toolkits.labels import BatchLabels, ilrg_system, infer_labels
 from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset

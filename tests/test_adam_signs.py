@@ -14,8 +14,8 @@ from inprocess import InProcessGrid
 from rich.console import Console
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.adam_signs import AdamSigns, AdamSignsParams, NeighbourhoodPrior
 from fedsim.attacks.base import AttackSetting, Observation
+from fedsim.attacks.reconstruction.adam_signs import AdamSigns, AdamSignsParams, NeighbourhoodPrior
 from fedsim.audit.auditor import _as_seen_by, _Victim
 from fedsim.audit.candidates import AuditPool
 from fedsim.clients.app import build_client_app

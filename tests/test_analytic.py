@@ -13,9 +13,11 @@ import torch
 from inprocess import InProcessGrid
 from rich.console import Console
 
-from fedsim.attacks import ATTACKS, layer_systems, resolve_attack
-from fedsim.attacks.analytic import AnalyticFC, AnalyticFCParams, read_linear_input
+from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import Observation
+from fedsim.attacks.reconstruction.analytic_fc import AnalyticFC, AnalyticFCParams
+from fedsim.attacks.toolkits import layer_systems
+from fedsim.attacks.toolkits.analytic import read_linear_input
 from fedsim.audit.experiment import gradient_probe
 from fedsim.audit.fidelity import MATCHED, fidelity_residual
 from fedsim.audit.observe import ServerView, observe_upload

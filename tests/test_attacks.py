@@ -19,11 +19,12 @@ import torch
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation
-from fedsim.attacks.dlg import DLG, DLGParams
-from fedsim.attacks.gradients import target_gradient
-from fedsim.attacks.optim import BatchedAdamW, BatchedLBFGS
+from fedsim.attacks.reconstruction.dlg import DLG
+from fedsim.attacks.reconstruction.sapag import SAPAGParams
 from fedsim.attacks.registry import create_attack
-from fedsim.attacks.sapag import SAPAGParams
+from fedsim.attacks.toolkits.dlg_matching import DLGParams
+from fedsim.attacks.toolkits.gradients import target_gradient
+from fedsim.attacks.toolkits.optim import BatchedAdamW, BatchedLBFGS
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.audit.observe import ProbeGradient, ServerView, observe_upload
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError

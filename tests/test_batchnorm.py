@@ -15,7 +15,7 @@ import torch
 
 from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import Observation
-from fedsim.attacks.gradients import batchnorm_view, statistics_from_buffers
+from fedsim.attacks.toolkits.gradients import batchnorm_view, statistics_from_buffers
 from fedsim.audit.fidelity import fidelity_residual
 from fedsim.audit.observe import ServerView, observe_upload, reveal_batch_statistics
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig

@@ -15,7 +15,7 @@ from inprocess import serve_inprocess
 
 from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import AGGREGATE_CLIENT, AttackSetting
-from fedsim.attacks.cocktail import (
+from fedsim.attacks.reconstruction.cocktail import (
     CocktailParty,
     CocktailPartyParams,
     bias_scaled,

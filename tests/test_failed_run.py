@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("plugin_env")  # the plugin's registration 
 FAILING = """
 import torch
 
-from fedsim.attacks.label_leaks import LLG
+from fedsim.attacks.leaks.label_leaks import LLG
 from fedsim.attacks.leakage import LEAKS, LabelLeak
 
 

@@ -11,8 +11,8 @@ from client_updates import CLIENT_SEED, real_update
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.fedavg_leakage import FedAvgLeakage, FedAvgLeakageParams, chamfer
-from fedsim.attacks.gradients import relative_residual
+from fedsim.attacks.reconstruction.fedavg_leakage import FedAvgLeakage, FedAvgLeakageParams, chamfer
+from fedsim.attacks.toolkits.gradients import relative_residual
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction

@@ -20,9 +20,12 @@ import pytest
 import torch
 
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.closed_form import invert_features
-from fedsim.attacks.generator_leak import GeneratorRepresentatives, GeneratorRepresentativesParams
 from fedsim.attacks.leakage import LEAKS, LeakInput, PublicData
+from fedsim.attacks.leaks.generator_leak import (
+    GeneratorRepresentatives,
+    GeneratorRepresentativesParams,
+)
+from fedsim.attacks.toolkits.closed_form import invert_features
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
 from fedsim.clients.fedcg import TaskLoss, train_gan
 from fedsim.core import protocol

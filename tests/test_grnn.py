@@ -17,14 +17,14 @@ import torch
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation, SharedKind
-from fedsim.attacks.gradients import target_gradient, victim_model
-from fedsim.attacks.grnn import (
+from fedsim.attacks.reconstruction.grnn import (
     GRNN,
     GradientObjective,
     GrnnGenerator,
     WassersteinReading,
     total_variation,
 )
+from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset

@@ -7,8 +7,12 @@ import torch
 from test_audit_attacks import _two_step_update
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.ig import InvertingGradients, InvertingGradientsParams, total_variation
-from fedsim.attacks.optim import BatchedAdamW
+from fedsim.attacks.reconstruction.ig import (
+    InvertingGradients,
+    InvertingGradientsParams,
+    total_variation,
+)
+from fedsim.attacks.toolkits.optim import BatchedAdamW
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.registry import UnknownNameError

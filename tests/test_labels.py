@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 
-from fedsim.attacks.dlg import DLG
-from fedsim.attacks.labels import (
+from fedsim.attacks.reconstruction.dlg import DLG
+from fedsim.attacks.toolkits.labels import (
     count_labels,
     idlg_label,
     ilrg_labels,

@@ -82,6 +82,42 @@ def test_components_do_not_import_each_other() -> None:
             )
 
 
+ROLES = ("fedsim.attacks.reconstruction", "fedsim.attacks.leaks")
+"""The packages of concrete attacks and leak analyses, one module each."""
+
+
+def _concrete(module: str) -> bool:
+    return any(module.startswith(f"{role}.") for role in ROLES)
+
+
+def test_attacks_and_analyses_import_toolkits_not_each_other() -> None:
+    # An attack or leak analysis imports the contracts (fedsim.attacks.base, registry,
+    # presets, leakage) and fedsim.attacks.toolkits; machinery two of them share is a
+    # toolkit, and a variant extends a toolkit's base (subclassing an attack is importing
+    # it). The toolkits and contracts import no attack either, nor the package's root,
+    # which imports them all.
+    for module, path in _modules():
+        if not module.startswith("fedsim.attacks.") or module in ROLES:
+            continue
+        for target, line in _imports(path):
+            whole = target == "fedsim.attacks" or target in ROLES
+            assert not whole and (target == module or not _concrete(target)), (
+                f"{path.name}:{line} imports {target} ({module})"
+            )
+
+
+def test_every_attack_and_analysis_lives_in_its_role_package() -> None:
+    # What registers an attack or a leak analysis is concrete, and a role package holds
+    # nothing else: its name tells a reader what lives there.
+    registers = {
+        module
+        for module, path in _modules()
+        if "@ATTACKS.register(" in (text := path.read_text()) or "@LEAKS.register(" in text
+    }
+    concrete = {module for module, _ in _modules() if _concrete(module)}
+    assert concrete and registers == concrete, sorted(registers ^ concrete)
+
+
 def test_outputs_need_no_ray() -> None:
     # A finished run folder is read (fedsim report, compare) without starting Ray;
     # Flower appears only as the ArrayRecord a round hands its callbacks.

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.closed_form import layer_input, linear_layers
-from fedsim.attacks.label_leaks import LLG, GradientCount, llg_counts
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakInput, PublicData
-from fedsim.attacks.representatives import ClassRepresentatives, RepresentativesParams
+from fedsim.attacks.leaks.label_leaks import LLG, GradientCount, llg_counts
+from fedsim.attacks.leaks.representatives import ClassRepresentatives, RepresentativesParams
+from fedsim.attacks.toolkits.closed_form import layer_input, linear_layers
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import DatasetBundle, load_dataset

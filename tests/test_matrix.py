@@ -23,7 +23,7 @@ import pytest
 from inprocess import serve_inprocess
 
 from fedsim.attacks.leakage import LEAKS
-from fedsim.attacks.representatives import RepresentativesParams
+from fedsim.attacks.leaks.representatives import RepresentativesParams
 from fedsim.audit import auditor
 from fedsim.audit.tasks import run_attack
 from fedsim.core.config import AuditConfig, ScenarioError

@@ -80,7 +80,7 @@ def test_a_plugin_attack_sees_an_observation_only() -> None:
 
 PRESET_ATTACK = """
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.dlg import DLG
+from fedsim.attacks.reconstruction.dlg import DLG
 from fedsim.attacks.presets import StepCaps
 
 

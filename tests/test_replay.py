@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from fedsim.attacks.gradients import soft_cross_entropy
-from fedsim.attacks.replay import local_batches, replay, replay_refusal
+from fedsim.attacks.toolkits.gradients import soft_cross_entropy
+from fedsim.attacks.toolkits.replay import local_batches, replay, replay_refusal
 from fedsim.clients.fedprox import proximal_loss
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import load_dataset

@@ -26,8 +26,8 @@ import ray
 import torch
 from rich.console import Console
 
-from fedsim.attacks.precision import attack_precision
 from fedsim.attacks.registry import ATTACKS
+from fedsim.attacks.toolkits.precision import attack_precision
 from fedsim.audit.tasks import reserved_workers
 from fedsim.cli import main
 from fedsim.core.components import Resolved

@@ -17,7 +17,7 @@ from test_leaks import (
 
 from fedsim.attacks.base import PublicData
 from fedsim.attacks.leakage import LEAKS, LeakInput
-from fedsim.attacks.shadow_labels import ShadowLabelsParams, class_mix
+from fedsim.attacks.leaks.shadow_labels import ShadowLabelsParams, class_mix
 from fedsim.core import protocol
 from fedsim.core.leak_metrics import score_labels
 from fedsim.core.protocol import LeakRecord

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.attacks.base import PublicData
 from fedsim.attacks.leakage import LeakInput, WordsLeak
-from fedsim.attacks.words import EmbeddingWords, WordsParams
+from fedsim.attacks.leaks.words import EmbeddingWords, WordsParams
 from fedsim.cli import main
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientSpec

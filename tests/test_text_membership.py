@@ -17,7 +17,7 @@ from test_text import TRANSFORMER, WORDS  # 64 windows of each of the largest ro
 
 from fedsim.attacks.base import Observation, PublicData
 from fedsim.attacks.leakage import Candidates, LeakInput, MembershipLeak
-from fedsim.attacks.membership import GradientAlignment, LossDrop, MembershipParams
+from fedsim.attacks.leaks.membership import GradientAlignment, LossDrop, MembershipParams
 from fedsim.audit.candidates import AuditPool, draw_candidates
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv, ClientSpec

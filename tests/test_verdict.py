@@ -16,9 +16,10 @@ from scipy.stats import bootstrap
 
 from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import AttackSetting
-from fedsim.attacks.convergence import ConvergenceRule, ConvergenceTracker
-from fedsim.attacks.dlg import DLG, DLGParams
-from fedsim.attacks.optim import BatchedAdamW
+from fedsim.attacks.reconstruction.dlg import DLG
+from fedsim.attacks.toolkits.convergence import ConvergenceRule, ConvergenceTracker
+from fedsim.attacks.toolkits.dlg_matching import DLGParams
+from fedsim.attacks.toolkits.optim import BatchedAdamW
 from fedsim.audit.experiment import (
     AttackExperiment,
     Probe,

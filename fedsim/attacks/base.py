@@ -146,7 +146,7 @@ class Reconstruction:
 
     ``iterations`` is the step budget, ``steps_taken`` the steps run (fewer when
     the attack stopped early), ``converged`` whether the kept restart met its
-    attack's convergence rule (:mod:`fedsim.attacks.convergence`; an exact,
+    attack's convergence rule (:mod:`fedsim.attacks.toolkits.convergence`; an exact,
     closed-form attack has converged by construction). A result that has not
     converged is a lower bound of what the attack could recover.
     """

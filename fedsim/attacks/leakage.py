@@ -166,7 +166,7 @@ class LeakAnalysis(ABC):
 
 LEAKS: Registry[Any] = Registry(
     "leak analysis",
-    ("fedsim.attacks",),
+    ("fedsim.attacks.leaks",),
     group="fedsim.leaks",
     subclass_of=LeakAnalysis,
     needs=("Params", "kind"),

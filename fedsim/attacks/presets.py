@@ -6,7 +6,7 @@ portfolio (:mod:`fedsim.scenario.portfolio`) keeps only the order. The caps come
 docs/audit.md has the table): the knee (the smallest budget within 0.5 dB of the best)
 where an attack converged, else the largest budget measured, at which it was still
 improving. Every optimisation attack also stops early once it has converged
-(:mod:`fedsim.attacks.convergence`), so the caps are caps.
+(:mod:`fedsim.attacks.toolkits.convergence`), so the caps are caps.
 """
 
 from __future__ import annotations

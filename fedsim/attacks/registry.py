@@ -13,7 +13,11 @@ from fedsim.core.config import ComponentConfig
 from fedsim.core.registry import Registry
 
 ATTACKS: Registry[Any] = Registry(
-    "attack", ("fedsim.attacks",), group="fedsim.attacks", subclass_of=Attack, needs=("Params",)
+    "attack",
+    ("fedsim.attacks.reconstruction",),
+    group="fedsim.attacks",
+    subclass_of=Attack,
+    needs=("Params",),
 )
 
 

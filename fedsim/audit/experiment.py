@@ -34,8 +34,8 @@ from torch import nn
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Attack, Observation, Reconstruction
-from fedsim.attacks.precision import Precision, attack_precision
 from fedsim.attacks.registry import resolve_attack
+from fedsim.attacks.toolkits.precision import Precision, attack_precision
 from fedsim.audit.observe import InterceptedReply, InterceptedRound, ProbeGradient, ServerView
 from fedsim.audit.scoring import TaskRun, score_attack
 from fedsim.audit.tasks import DeviceUse

@@ -12,8 +12,8 @@ rounding, below 1e-5 here) the attack optimises against an exact model: a
 failed reconstruction is the optimiser's fault, not the model's. A large
 residual says the target is unreachable even with the true images, and
 :func:`residual_note` names the likely cause. The truth goes to the attack's
-public :meth:`~fedsim.attacks.matching.GradientMatchingAttack.fidelity_residual`
-(or :meth:`~fedsim.attacks.analytic.AnalyticAttack.fidelity_residual`: one
+public :meth:`~fedsim.attacks.toolkits.matching.GradientMatchingAttack.fidelity_residual`
+(or :meth:`~fedsim.attacks.toolkits.analytic.AnalyticAttack.fidelity_residual`: one
 gradient step, the analytic attacks' model) as an explicit argument here, on
 the driver side, after the attack has run: never through an
 :class:`~fedsim.attacks.base.Observation`.
@@ -25,11 +25,12 @@ import math
 
 import torch
 
-from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, Reconstruction
-from fedsim.attacks.dlg import DLG, DLGParams
-from fedsim.attacks.gradients import local_steps_taken
-from fedsim.attacks.matching import GradientMatchingAttack
+from fedsim.attacks.reconstruction.dlg import DLG
+from fedsim.attacks.toolkits.analytic import AnalyticAttack
+from fedsim.attacks.toolkits.dlg_matching import DLGParams
+from fedsim.attacks.toolkits.gradients import local_steps_taken
+from fedsim.attacks.toolkits.matching import GradientMatchingAttack
 from fedsim.core.components import Resolved
 from fedsim.core.models import build_model
 from fedsim.core.threat import SharedKind
@@ -64,7 +65,7 @@ def attacker_residual(
     through DLG's plain one-gradient model. Across attacks on one victim, the
     lowest is the reconstruction the attacker itself would pick. Closed-form
     attacks computed it themselves (``details["gradient_residual"]``, the one
-    gradient step of :func:`~fedsim.attacks.closed_form.one_step_residual` with the
+    gradient step of :func:`~fedsim.attacks.toolkits.closed_form.one_step_residual` with the
     same seed): it is not computed twice.
     """
     own = rec.details.get("gradient_residual")

@@ -20,10 +20,10 @@ import ray
 import torch
 from rich.console import Console
 
-from fedsim.attacks.analytic import AnalyticAttack
 from fedsim.attacks.base import Observation, PublicData, Reconstruction
 from fedsim.attacks.leakage import LabelLeak, Leak, LeakInput
-from fedsim.attacks.precision import Precision, attack_precision
+from fedsim.attacks.toolkits.analytic import AnalyticAttack
+from fedsim.attacks.toolkits.precision import Precision, attack_precision
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
 from fedsim.core.devices import gpu_if
@@ -33,9 +33,9 @@ AUDIT_RESERVATION_NAME = "fedsim-audit"
 
 
 def runs_in_driver(attack: Resolved) -> bool:
-    """A closed-form attack (:class:`~fedsim.attacks.analytic.AnalyticAttack`) runs on a
-    thread of the driver, not as a Ray task: its milliseconds of work cost less than a
-    task's round trip."""
+    """A closed-form attack (:class:`~fedsim.attacks.toolkits.analytic.AnalyticAttack`)
+    runs on a thread of the driver, not as a Ray task: its milliseconds of work cost less
+    than a task's round trip."""
     return issubclass(attack.cls, AnalyticAttack)
 
 
@@ -96,7 +96,7 @@ def run_attack(
     or of the driver's thread for closed-form attacks).
 
     CUDA when asked for and present (a logical GPU on a machine without CUDA
-    runs on CPU), at full precision (:func:`~fedsim.attacks.precision.attack_precision`).
+    runs on CPU), at full precision (:func:`~fedsim.attacks.toolkits.precision.attack_precision`).
     ``threads``: torch's threads in this process (``None``: left as they are, as in
     the driver, whose thread count is not the attack's to set). ``progress``: a
     :class:`ProgressBoard` actor and this task's key; the attack posts its progress there.

@@ -244,7 +244,7 @@ class AuditRecord:
     images_recovered: float
     iterations: int  # the step budget
     steps_taken: int  # steps run (fewer when the attack stopped early)
-    converged: bool  # the kept restart met the convergence rule (attacks.convergence)
+    converged: bool  # the kept restart met the convergence rule (attacks.toolkits.convergence)
     restarts: int
     diverged_restarts: int  # restarts excluded: objective non-finite or above its start
     final_objective: float
@@ -262,7 +262,7 @@ class AuditRecord:
     device: str = "cpu"  # where the attack ran ("cpu" or the GPU's name)
     gpu_seconds: float = 0.0  # its share of the task's time holding a GPU
     peak_gpu_mb: float = 0.0  # the task's peak GPU memory (MiB)
-    # Why the kept restart stopped (attacks.convergence): converged, stalled-at-failure,
+    # Why the kept restart stopped (attacks.toolkits.convergence): converged, stalled-at-failure,
     # still-improving, diverged; "" for an attack that does not say (a closed form).
     stop_reason: str = ""
     # A probe attacked in an update audit (audit.probe-rounds): what one batch's gradient

@@ -7,7 +7,7 @@ a portfolio rather than one attack: each registered attack in
 shared parameters, threat model, client optimiser, FedCG's generator, ...),
 with the step budget :func:`budget` gives for the model family. The budgets
 are caps: every optimisation attack also stops early once it has converged
-(:mod:`fedsim.attacks.convergence`). They come from
+(:mod:`fedsim.attacks.toolkits.convergence`). They come from
 ``bench/audit_budgets.py``: the steps after which the median PSNR over
 unseen images stopped improving, or the largest budget measured where it
 had not (the numbers are in ``docs/audit.md``).
