@@ -93,9 +93,10 @@ def check_data_fits(data: DataConfig, fed: FederationConfig, backend: BackendCon
     per_process = held_bytes(raw, data)
     processes = 1 + (1 if backend.address else actor_count(backend))
     needed, have = per_process * processes, physical_memory()
-    key, value = ("data.image-size", data.image_size)
+    value: object  # the setting that made it too big: the image side, or the text dataset
+    key, value = "data.image-size", data.image_size
     if raw.modality != IMAGE:
-        key, value = ("data.dataset", data.dataset)
+        key, value = "data.dataset", data.dataset
     require(
         needed <= have,
         key,
