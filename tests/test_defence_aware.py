@@ -176,7 +176,7 @@ def test_under_soteria_the_defence_aware_dlg_recovers_a_digit(
     assert aware >= 40.0
 
 
-@pytest.mark.slow  # 55-80 s per defence on 2 loaded cores (plain DLG runs its whole budget)
+@pytest.mark.slow  # 25-80 s per defence on 2 cores (plain DLG runs its whole budget)
 @pytest.mark.parametrize("defence", [SOTERIA, PRUNE], ids=["soteria", "prune"])
 def test_the_defence_aware_dlg_recovers_the_digits_plain_dlg_loses(
     probes: list[tuple[Probe, Any, torch.Tensor]], defence: ComponentConfig
@@ -201,7 +201,7 @@ def test_the_defence_aware_dlg_recovers_the_digits_plain_dlg_loses(
     assert list(verdicts["psnr-attack"]) == ["dlg-defence-aware"] * 3
 
 
-@pytest.mark.slow  # about 20 s on 2 loaded cores
+@pytest.mark.slow  # 7-20 s on 2 cores
 def test_four_bit_quantisation_holds_against_both_dlgs_at_this_budget(
     probes: list[tuple[Probe, Any, torch.Tensor]],
 ) -> None:
