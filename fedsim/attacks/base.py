@@ -20,7 +20,14 @@ from typing import Any, ClassVar
 import torch
 
 from fedsim.attacks.presets import StepCaps
-from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, require
+from fedsim.core.config import (
+    ClientConfig,
+    ComponentConfig,
+    DataConfig,
+    ModelConfig,
+    Scenario,
+    require,
+)
 from fedsim.core.data import Normalization, generated_dataset, load_raw
 from fedsim.core.models import InputSpec
 from fedsim.core.threat import ALL_THREAT_MODELS, SharedKind, ThreatModel
@@ -52,6 +59,9 @@ class AttackSetting:
     # and the membership candidates' non-members); a generated dataset has none, nor one
     # whose test split is its training set (foolbox's samples, lfw-faces).
     held_out: bool = True
+    # The clients' defences, as the scenario lists them: public (Kerckhoffs), read by the
+    # defence-aware attacks (:mod:`fedsim.attacks.defence_aware`).
+    defences: tuple[ComponentConfig, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "threat_model", ThreatModel(self.threat_model))
@@ -70,6 +80,7 @@ class AttackSetting:
             audit.threat_model,
             audit.probe_batch_size,
             generated_dataset(scenario.data) is None and load_raw(scenario.data).held_out,
+            tuple(scenario.defences),
         )
 
 
