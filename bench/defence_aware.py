@@ -5,9 +5,9 @@ The setting of docs/defences.md's Soteria numbers: LeNet-Zhu with weights U(-0.5
 batch 1. Each defence acts on the probed gradient as a client's would (``soteria`` at
 share 0.6, ``prune`` at 0.9 per tensor, ``quantize`` at 4 bits by default); the plain
 attack (``dlg``, or ``inverting-gradients`` with ``--ig``) and its defence-aware variant
-(:mod:`fedsim.attacks.defence_aware`, given the defence's parameters as ``"auto"`` gives
-them) attack the same defended gradient with the same dummies. Prints PSNR per seed,
-seconds, the machine's load and the commit. One thread::
+(:mod:`fedsim.attacks.reconstruction.defence_aware`, given the defence's parameters as
+``"auto"`` gives them) attack the same defended gradient with the same dummies. Prints PSNR
+per seed, seconds, the machine's load and the commit. One thread::
 
     PYTHONPATH=. .venv/bin/python bench/defence_aware.py --seeds 0 1 2 --steps 100
 """
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fedsim.attacks import create_attack
-from fedsim.attacks.defence_aware import defence_model
+from fedsim.attacks.reconstruction.defence_aware import defence_model
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.clients.defences import DEFENCES, ProbeContext
 from fedsim.core.config import ComponentConfig, DataConfig, ModelConfig

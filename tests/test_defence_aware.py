@@ -9,12 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from fedsim.attacks.gradients import target_gradient
 from inprocess import tiny_table
 
 from fedsim.attacks import create_attack
-from fedsim.attacks.defence_aware import DefenceAwareDLG, DefenceAwareIG, defence_model
-from fedsim.attacks.dlg import DLG
-from fedsim.attacks.gradients import target_gradient
+from fedsim.attacks.reconstruction.defence_aware import (
+    DefenceAwareDLG,
+    DefenceAwareIG,
+    defence_model,
+)
+from fedsim.attacks.reconstruction.dlg import DLG
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.clients.defences import DEFENCES, ProbeContext
 from fedsim.core.config import ComponentConfig, DataConfig, ModelConfig, ScenarioError

@@ -60,7 +60,7 @@ class AttackSetting:
     # whose test split is its training set (foolbox's samples, lfw-faces).
     held_out: bool = True
     # The clients' defences, as the scenario lists them: public (Kerckhoffs), read by the
-    # defence-aware attacks (:mod:`fedsim.attacks.defence_aware`).
+    # defence-aware attacks (:mod:`fedsim.attacks.reconstruction.defence_aware`).
     defences: tuple[ComponentConfig, ...] = ()
 
     def __post_init__(self) -> None:

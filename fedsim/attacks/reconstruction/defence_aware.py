@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.dlg import DLG, DLGParams
-from fedsim.attacks.ig import InvertingGradients, InvertingGradientsParams
-from fedsim.attacks.matching import GradientMatchingAttack
 from fedsim.attacks.registry import ATTACKS
+from fedsim.attacks.toolkits.dlg_matching import DLGMatching, DLGParams
+from fedsim.attacks.toolkits.ig_matching import IGMatching, InvertingGradientsParams
+from fedsim.attacks.toolkits.matching import GradientMatchingAttack
 from fedsim.core.config import ComponentConfig, ScenarioError, require
 from fedsim.core.threat import ThreatModel
 
@@ -215,7 +215,7 @@ class DefenceAwareDLGParams(DefenceModel, DLGParams):
 
 
 @ATTACKS.register("dlg-defence-aware")
-class DefenceAwareDLG(DefenceAware, DLG):
+class DefenceAwareDLG(DefenceAware, DLGMatching):
     """DLG matching only what the defence leaves: squared distance to the cells."""
 
     Params = DefenceAwareDLGParams
@@ -251,7 +251,7 @@ class DefenceAwareIGParams(DefenceModel, InvertingGradientsParams):
 
 
 @ATTACKS.register("ig-defence-aware")
-class DefenceAwareIG(DefenceAware, InvertingGradients):
+class DefenceAwareIG(DefenceAware, IGMatching):
     """Inverting Gradients' cosine between the dummy's gradient and its projection onto
     the cells, over the entries the defence constrains."""
 
@@ -270,7 +270,7 @@ class DefenceAwareIG(DefenceAware, InvertingGradients):
             free = torch.isinf(lo) & torch.isinf(hi)
             kept.append(torch.where(free, 0.0, d))
             projected.append(torch.where(free, 0.0, project(d, lo, hi)))
-        return InvertingGradients.distance(kept, projected, constants[:2])
+        return IGMatching.distance(kept, projected, constants[:2])
 
     def distance_constants(
         self, target: list[torch.Tensor], depths: list[int]
