@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from fedsim.attacks.gradients import target_gradient
 from inprocess import tiny_table
 
 from fedsim.attacks import create_attack
@@ -19,6 +18,7 @@ from fedsim.attacks.reconstruction.defence_aware import (
     defence_model,
 )
 from fedsim.attacks.reconstruction.dlg import DLG
+from fedsim.attacks.toolkits.gradients import target_gradient
 from fedsim.audit.experiment import Probe, gradient_probe
 from fedsim.clients.defences import DEFENCES, ProbeContext
 from fedsim.core.config import ComponentConfig, DataConfig, ModelConfig, ScenarioError
