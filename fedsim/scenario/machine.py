@@ -70,9 +70,9 @@ def physical_memory() -> int:
 def held_bytes(raw: RawDataset, data: DataConfig) -> int:
     """Bytes of the dataset one process holds: images resized to ``data.image-size`` as
     float32; token windows as loaded (int64 ids, no resizing)."""
-    examples = len(raw.train_labels) + len(raw.test_labels)
     if raw.modality != IMAGE:
         return int(raw.train_images.nbytes + raw.test_images.nbytes)
+    examples = len(raw.train_labels) + len(raw.test_labels)
     return examples * shaped_channels(raw, data) * data.image_size**2 * BYTES_PER_VALUE
 
 
@@ -93,10 +93,12 @@ def check_data_fits(data: DataConfig, fed: FederationConfig, backend: BackendCon
     per_process = held_bytes(raw, data)
     processes = 1 + (1 if backend.address else actor_count(backend))
     needed, have = per_process * processes, physical_memory()
-    value: object  # the setting that made it too big: the image side, or the text dataset
-    key, value = "data.image-size", data.image_size
-    if raw.modality != IMAGE:
-        key, value = "data.dataset", data.dataset
+    # The setting that made it too big: the image side, or a text dataset as it is.
+    key, value = (
+        ("data.image-size", data.image_size)
+        if raw.modality == IMAGE
+        else ("data.dataset", data.dataset)
+    )
     require(
         needed <= have,
         key,
