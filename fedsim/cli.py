@@ -17,7 +17,7 @@ from fedsim.commands import COMMANDS
 from fedsim.core.config import ScenarioError
 from fedsim.core.registry import UnknownNameError
 from fedsim.simulation.children import end_with_parent
-from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, RunInterrupted
+from fedsim.simulation.lifecycle import INTERRUPTED_STATUS, STOP_STATUSES, RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,5 +54,22 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED_STATUS
 
 
+def entry() -> None:
+    """The ``fedsim`` executable: :func:`main`, then exit with its status.
+
+    A stopped run exits at once, without the interpreter's shutdown: a signal that
+    lands in a fork handler leaves the logging module's lock held, and the shutdown
+    then waits forever on threads blocked on it (seen in CI after "rounds up to N are
+    saved"). Nothing is left to do by then: the outputs are written and closed, and the
+    run's Ray processes killed.
+    """
+    status = main()
+    if status in STOP_STATUSES:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
