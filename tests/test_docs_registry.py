@@ -9,7 +9,7 @@ from pathlib import Path
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.leakage import LEAK_KINDS, LEAKS
 from fedsim.commands.list import KINDS
-from fedsim.scenario.portfolio import PORTFOLIO
+from fedsim.scenario.portfolio import auto_attacks
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -52,7 +52,7 @@ def test_the_leak_table_lists_every_analysis_with_its_kind() -> None:
 
 def test_the_portfolio_section_names_every_portfolio_attack() -> None:
     section = _section("audit.md", '## The portfolio: `attacks = "auto"`')
-    assert _backticked(section) & set(ATTACKS.names()) == set(PORTFOLIO)
+    assert _backticked(section) & set(ATTACKS.names()) == set(auto_attacks())
 
 
 def test_fedsim_list_kinds_are_the_documented_ones() -> None:
@@ -61,3 +61,14 @@ def test_fedsim_list_kinds_are_the_documented_ones() -> None:
     )
     documented = [k.strip() for k in line.split("#", 1)[1].split(",")]
     assert documented == list(KINDS)
+
+
+def test_the_portfolio_keeps_only_the_order_and_variants_follow_their_family() -> None:
+    # The house issue's bound: an attack carries its own presets and capabilities, so the
+    # portfolio names at most 15 attacks; the defence-aware variants join by their class.
+    source = (Path(__file__).resolve().parents[1] / "fedsim/scenario/portfolio.py").read_text()
+    named = [s for s in re.findall(r'"([a-z-]+)"', source) if s in ATTACKS]
+    order = auto_attacks()
+    assert len(named) <= 15, named
+    assert order.index("dlg-defence-aware") == order.index("dlg") + 1
+    assert order.index("ig-defence-aware") == order.index("inverting-gradients") + 1

@@ -92,7 +92,7 @@ class LabDLG(DLG):
 
 
 def test_a_plugin_attack_with_presets_joins_auto_after_the_portfolio(tmp_path: Path) -> None:
-    from fedsim.scenario.portfolio import PORTFOLIO
+    from fedsim.scenario.portfolio import auto_attacks
 
     name = f"lab-dlg-{uuid.uuid4().hex[:6]}"
     plugin = _module(tmp_path, PRESET_ATTACK.format(name=name))
@@ -101,9 +101,8 @@ def test_a_plugin_attack_with_presets_joins_auto_after_the_portfolio(tmp_path: P
     attacks = check_components(scenario_from_dict(raw)).attacks
 
     assert [a.name for a in attacks][-1] == name  # after fedsim's own, in the portfolio's order
-    assert [a.name for a in attacks[:-1]] == [
-        n for n in PORTFOLIO if n in {a.name for a in attacks}
-    ]
+    fedsims = {a.name for a in attacks[:-1]}
+    assert [a.name for a in attacks[:-1]] == [n for n in auto_attacks() if n in fedsims]
     ours = attacks[-1].params
     assert (ours.steps, ours.restarts) == (11, 1)  # its own caps for lenet-zhu, no other change
     dlg = next(a for a in attacks if a.name == "dlg").params

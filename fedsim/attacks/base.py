@@ -210,6 +210,9 @@ class Attack(ABC):
     # Whether ``audit.attacks = "auto"`` runs it where it applies, at :meth:`audit_preset`:
     # fedsim's own are listed in the portfolio's order; a plugin joins after them with True.
     in_auto: ClassVar[bool] = False
+    # An ``in_auto`` attack outside the portfolio's list that varies a family (a matching
+    # toolkit's class) runs right after the list's first member of that family.
+    variant_of: ClassVar[type | None] = None
     # An optimisation attack's step caps for "auto" (None: closed form, nothing to budget).
     step_caps: ClassVar[StepCaps | None] = None
 

@@ -49,9 +49,7 @@ PORTFOLIO = (
     "cocktail-party",
     "rgap",
     "inverting-gradients",
-    "ig-defence-aware",
     "dlg",
-    "dlg-defence-aware",
     "sapag",
     "fedavg-leakage",
     "unrolled-dlg",
@@ -62,7 +60,9 @@ PORTFOLIO = (
 """The portfolio, cheapest and strongest first (an attack not registered is skipped; one
 made for another modality than the data's is never considered: ``dager`` and ``tag`` run on
 text only, the others on images only); each attack's budget is its own
-:meth:`~fedsim.attacks.base.Attack.audit_preset`."""
+:meth:`~fedsim.attacks.base.Attack.audit_preset`. A variant that declares ``in_auto`` joins
+after its family (:attr:`~fedsim.attacks.base.Attack.variant_of`): the defence-aware
+attacks after ``inverting-gradients`` and ``dlg``."""
 
 
 def reconstruction_refusal(images: int) -> str | None:
@@ -82,11 +82,15 @@ def budget(name: str, setting: AttackSetting) -> dict[str, Any]:
 
 
 def auto_attacks() -> list[str]:
-    """What ``"auto"`` may run: the portfolio's registered attacks in its order, then the
-    plugins' attacks that declare ``in_auto``."""
+    """What ``"auto"`` may run: the portfolio's registered attacks in its order, each
+    ``in_auto`` variant right after its family's first, then the plugins' ``in_auto`` attacks."""
     names = ATTACKS.names()
-    own = [name for name in PORTFOLIO if name in names]
-    return own + [n for n in names if n not in own and ATTACKS.get(n).in_auto]
+    order = [name for name in PORTFOLIO if name in names]
+    for name in [n for n in names if n not in order and ATTACKS.get(n).in_auto]:
+        family = ATTACKS.get(name).variant_of
+        members = [i for i, n in enumerate(order) if family and issubclass(ATTACKS.get(n), family)]
+        order.insert(members[0] + 1 if members else len(order), name)
+    return order
 
 
 @dataclass(frozen=True)

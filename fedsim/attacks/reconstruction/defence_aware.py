@@ -153,6 +153,7 @@ class DefenceAware(GradientMatchingAttack):
     the fidelity residual against them."""
 
     threat_models = frozenset({ThreatModel.PROBE, ThreatModel.UPDATE})
+    in_auto = True
     params: Any
 
     @classmethod
@@ -220,6 +221,7 @@ class DefenceAwareDLG(DefenceAware, DLGMatching):
 
     Params = DefenceAwareDLGParams
     params: DefenceAwareDLGParams
+    variant_of = DLGMatching
 
     @staticmethod
     def distance(
@@ -257,6 +259,7 @@ class DefenceAwareIG(DefenceAware, IGMatching):
 
     Params = DefenceAwareIGParams
     params: DefenceAwareIGParams
+    variant_of = IGMatching
 
     @staticmethod
     def distance(
