@@ -21,8 +21,11 @@ type hints along each error's location: 664 lines against 643 for this file by h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from annotated_types import Ge, Gt, Interval, doc
+
+from fedsim.core.bounds import Bounded
 from fedsim.core.errors import ScenarioError as ScenarioError  # re-exported
 from fedsim.core.errors import first_line as first_line  # re-exported
 from fedsim.core.errors import require as require  # re-exported
@@ -34,6 +37,10 @@ from fedsim.core.threat import ThreatModel
 def require_seed(seed: int, key: str) -> None:
     """Seeds feed NumPy's ``SeedSequence``, which takes no negative numbers."""
     require(seed >= 0, key, seed, "must be >= 0 (a seed)")
+
+
+Seed = Annotated[int, Ge(0), doc("a seed")]
+"""A seed field (:func:`require_seed`'s rule, declared)."""
 
 
 MIN_IMAGE_SIZE = 8
@@ -85,24 +92,26 @@ class ComponentConfig:
 
 
 @dataclass(frozen=True)
-class FederationConfig:
+class FederationConfig(Bounded):
     """Who takes part and for how long."""
 
-    num_clients: int = 4
+    num_clients: Annotated[int, Ge(1)] = 4
     clients_per_round: int | None = None
-    fraction: float | None = None
-    rounds: int = 3
-    seed: int = 0
-    evaluate_fraction: float | None = None
+    fraction: Annotated[float | None, Interval(gt=0, le=1)] = None
+    rounds: Annotated[int, Ge(1)] = 3
+    seed: Seed = 0
+    evaluate_fraction: Annotated[float | None, Interval(ge=0, le=1)] = None
     evaluate_clients_per_round: int | None = None
     # Systems heterogeneity (FedProx, Li et al. 2020): this share of each round's sampled
     # clients (rounded half up) does fewer local epochs, drawn from the seed and the round.
-    stragglers: float = 0.0
+    stragglers: Annotated[
+        float,
+        Interval(ge=0, lt=1),
+        doc("the share of each round's sampled clients that does fewer epochs"),
+    ] = 0.0
 
     def __post_init__(self) -> None:
-        require(self.num_clients >= 1, "num-clients", self.num_clients, "must be >= 1")
-        require(self.rounds >= 1, "rounds", self.rounds, "must be >= 1")
-        require_seed(self.seed, "seed")
+        super().__post_init__()
         require(
             self.clients_per_round is None or self.fraction is None,
             "clients-per-round",
@@ -116,21 +125,12 @@ class FederationConfig:
                 self.clients_per_round,
                 f"must be between 1 and num-clients ({self.num_clients})",
             )
-        if self.fraction is not None:
-            require(0 < self.fraction <= 1, "fraction", self.fraction, "must be in (0, 1]")
         require(
             self.evaluate_clients_per_round is None or self.evaluate_fraction is None,
             "evaluate-clients-per-round",
             self.evaluate_clients_per_round,
             "give either evaluate-clients-per-round or evaluate-fraction, not both",
         )
-        if self.evaluate_fraction is not None:
-            require(
-                0 <= self.evaluate_fraction <= 1,
-                "evaluate-fraction",
-                self.evaluate_fraction,
-                "must be in [0, 1]",
-            )
         if self.evaluate_clients_per_round is not None:
             require(
                 0 <= self.evaluate_clients_per_round <= self.num_clients,
@@ -138,12 +138,6 @@ class FederationConfig:
                 self.evaluate_clients_per_round,
                 f"must be between 0 and num-clients ({self.num_clients})",
             )
-        require(
-            0 <= self.stragglers < 1,
-            "stragglers",
-            self.stragglers,
-            "must be in [0, 1) (the share of each round's sampled clients that does fewer epochs)",
-        )
 
     @property
     def sampled_per_round(self) -> int:
@@ -164,7 +158,7 @@ class FederationConfig:
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(Bounded):
     """Which data, how it is shaped, and how it is split across clients."""
 
     dataset: str = "mnist-embedded"
@@ -180,32 +174,21 @@ class DataConfig:
     # A generated dataset's parameters (``data.generator``, a table); ``name`` repeats
     # ``dataset``. Real datasets take none.
     generator: ComponentConfig = ComponentConfig("")
-    samples_per_client: int = 0
-    test_fraction: float = 0.2
+    samples_per_client: Annotated[int, Ge(0), doc("0 = all the client's samples")] = 0
+    test_fraction: Annotated[float, Interval(ge=0, lt=1)] = 0.2
     # Where a client's local evaluation data come from: ``test-fraction`` of its own
     # examples ("train"), or a validation and a test slice of the dataset's held-out
     # test set, each 1 / (2 clients) of it ("test"; the FedCG code's split).
     local_eval_source: Literal["train", "test"] = "train"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_image_size(self.image_size, "image-size")
         require(
             self.local_eval_source == "train" or self.test_fraction == 0,
             "test-fraction",
             self.test_fraction,
             'must be 0 when local-eval-source = "test" (evaluation data come from the test set)',
-        )
-        require(
-            self.samples_per_client >= 0,
-            "samples-per-client",
-            self.samples_per_client,
-            "must be >= 0 (0 = all the client's samples)",
-        )
-        require(
-            0 <= self.test_fraction < 1,
-            "test-fraction",
-            self.test_fraction,
-            "must be in [0, 1)",
         )
 
 
@@ -218,57 +201,34 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class ClientConfig:
+class ClientConfig(Bounded):
     """Local training: sent to clients each round, so it is public to the server."""
 
-    local_epochs: int = 1
-    local_steps: int = 0
-    batch_size: int = 32
+    local_epochs: Annotated[int, Ge(1)] = 1
+    local_steps: Annotated[int, Ge(0), doc("0 = train local-epochs epochs")] = 0
+    batch_size: Annotated[int, Ge(1)] = 32
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    lr: Annotated[float, Gt(0)] = 0.05
+    momentum: Annotated[float, Interval(ge=0, lt=1)] = 0.0
+    weight_decay: Annotated[float, Ge(0)] = 0.0
     # "fresh": a new optimiser every round; "kept": each client's optimiser state
     # (Adam's moments and step) carries over to its next round, privately.
     optimizer_state: Literal["fresh", "kept"] = "fresh"
     # "hflip": each training example is mirrored left-right with probability 1/2.
     augment: Literal["none", "hflip"] = "none"
 
-    def __post_init__(self) -> None:
-        require(self.local_epochs >= 1, "local-epochs", self.local_epochs, "must be >= 1")
-        require(
-            self.local_steps >= 0,
-            "local-steps",
-            self.local_steps,
-            "must be >= 0 (0 = train local-epochs epochs)",
-        )
-        require(self.batch_size >= 1, "batch-size", self.batch_size, "must be >= 1")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        require(self.weight_decay >= 0, "weight-decay", self.weight_decay, "must be >= 0")
-
 
 @dataclass(frozen=True)
-class BackendConfig:
+class BackendConfig(Bounded):
     """Ray resources per simulated client, and where Ray runs."""
 
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    # Ray counts resources in steps of 1e-4: a smaller request is zero to Ray.
+    num_cpus: Annotated[float, Ge(0.0001)] = 1.0
+    num_gpus: Annotated[float, Ge(0)] = 0.0
     address: str = ""
-    ray_cpus: int = 0
-    wait_timeout: float = 120.0  # seconds to wait for Ray resources (the audit's reservation)
-
-    def __post_init__(self) -> None:
-        # Ray counts resources in steps of 1e-4: a smaller request is zero to Ray.
-        require(self.num_cpus >= 1e-4, "num-cpus", self.num_cpus, "must be >= 0.0001")
-        require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
-        require(
-            self.ray_cpus >= 0,
-            "ray-cpus",
-            self.ray_cpus,
-            "must be >= 0 (0 = all cores of this machine)",
-        )
-        require(self.wait_timeout > 0, "wait-timeout", self.wait_timeout, "must be > 0 (seconds)")
+    ray_cpus: Annotated[int, Ge(0), doc("0 = all cores of this machine")] = 0
+    # How long to wait for Ray resources (the audit's reservation).
+    wait_timeout: Annotated[float, Gt(0), doc("seconds")] = 120.0
 
 
 AUTO: Literal["auto"] = "auto"
@@ -284,7 +244,7 @@ up to 512 images, measured there too)."""
 
 
 @dataclass(frozen=True)
-class AuditConfig:
+class AuditConfig(Bounded):
     """The honest-but-curious server's per-round privacy audit (off by default).
 
     ``attacks`` are tables ``{name = "dlg", <that attack's parameters>}``, or
@@ -310,63 +270,46 @@ class AuditConfig:
     probe_rounds: tuple[int, ...] = ()
     # Membership candidates per victim: up to this many records it trained on this
     # round and as many non-members with its class mix from the held-out split.
-    candidates: int = 100
+    candidates: Annotated[int, Ge(2)] = 100
     # Steinke et al.'s one-run audit: this many mislabelled canaries from the held-out
     # split, each in client canary-client's training data on a fair coin (0 = off).
-    canaries: int = 0
-    canary_client: int = 0
+    canaries: Annotated[int, Ge(0), doc("0 = off")] = 0
+    canary_client: Annotated[int, Ge(0)] = 0
     # Andrew et al.'s one-shot user-level estimate: this many canary clients, each
     # uploading a random direction at the clipping norm every round, beside the clients
     # under [central-dp] with client-side clipping (0 = off).
     canary_clients: int = 0
-    probe_batch_size: int = 1
+    probe_batch_size: Annotated[int, Ge(1)] = 1
     rounds: tuple[int, ...] = ()
-    every: int = 1
-    victims: int = 1
+    every: Annotated[int, Ge(1)] = 1
+    victims: Annotated[int, Ge(0), doc("0 = all sampled")] = 1
     victim_ids: tuple[int, ...] = ()
     mode: Literal["sync", "async"] = "sync"
-    workers: int = 1
-    threads_per_attack: int = 1
-    num_gpus: float = 0.0
+    workers: Annotated[int, Ge(1)] = 1
+    threads_per_attack: Annotated[int, Ge(1)] = 1
+    num_gpus: Annotated[float, Ge(0)] = 0.0
     # Optimising reconstruction stops at this many images; a closed-form attack reads up to
     # its own max_batch.
-    max_images: int = RECONSTRUCTION_REACH
-    seed: int = 0
+    max_images: Annotated[int, Ge(1)] = RECONSTRUCTION_REACH
+    seed: Seed = 0
     precision: Literal["float32", "float64"] = "float32"  # attacks' arithmetic (no TF32)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "threat_model", ThreatModel(self.threat_model))  # a name, too
-        require(
-            self.probe_batch_size >= 1, "probe-batch-size", self.probe_batch_size, "must be >= 1"
-        )
+        super().__post_init__()
         require(all(r >= 1 for r in self.rounds), "rounds", self.rounds, "rounds are >= 1")
-        require(self.every >= 1, "every", self.every, "must be >= 1")
-        require(self.victims >= 0, "victims", self.victims, "must be >= 0 (0 = all sampled)")
-        require(self.workers >= 1, "workers", self.workers, "must be >= 1")
-        require(
-            self.threads_per_attack >= 1,
-            "threads-per-attack",
-            self.threads_per_attack,
-            "must be >= 1",
-        )
-        require(self.num_gpus >= 0, "num-gpus", self.num_gpus, "must be >= 0")
-        require(self.max_images >= 1, "max-images", self.max_images, "must be >= 1")
         require(
             all(r >= 1 for r in self.probe_rounds),
             "probe-rounds",
             self.probe_rounds,
             "rounds are >= 1",
         )
-        require(self.candidates >= 2, "candidates", self.candidates, "must be >= 2")
-        require(self.canaries >= 0, "canaries", self.canaries, "must be >= 0 (0 = off)")
-        require(self.canary_client >= 0, "canary-client", self.canary_client, "must be >= 0")
         require(
             self.canary_clients == 0 or self.canary_clients >= 2,
             "canary-clients",
             self.canary_clients,
             "must be 0 (off) or >= 2 (the estimate fits the inserted canaries' spread)",
         )
-        require_seed(self.seed, "seed")
 
     def audits_round(self, server_round: int) -> bool:
         if self.rounds:
@@ -375,7 +318,7 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
-class CentralDPConfig:
+class CentralDPConfig(Bounded):
     """Flower's central differential privacy around the strategy (off by default).
 
     ``clipping = "server"`` wraps the strategy in Flower's
@@ -389,19 +332,9 @@ class CentralDPConfig:
     """
 
     clipping: Literal["off", "server", "client"] = "off"
-    noise_multiplier: float = 1.0
-    clipping_norm: float = 1.0
-    delta: float = 1e-5
-
-    def __post_init__(self) -> None:
-        require(
-            self.noise_multiplier > 0,
-            "noise-multiplier",
-            self.noise_multiplier,
-            "must be > 0 (Flower's accountant needs noise)",
-        )
-        require(self.clipping_norm > 0, "clipping-norm", self.clipping_norm, "must be > 0")
-        require(0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
+    noise_multiplier: Annotated[float, Gt(0), doc("Flower's accountant needs noise")] = 1.0
+    clipping_norm: Annotated[float, Gt(0)] = 1.0
+    delta: Annotated[float, Interval(gt=0, lt=1)] = 1e-5
 
     @property
     def enabled(self) -> bool:
@@ -409,7 +342,7 @@ class CentralDPConfig:
 
 
 @dataclass(frozen=True)
-class FailureConfig:
+class FailureConfig(Bounded):
     """Reply deadline, injected client failures, and how many replies a round needs.
 
     Each round ``fraction`` of the sampled clients (rounded half up) fail, chosen
@@ -418,20 +351,12 @@ class FailureConfig:
     (a fraction of the sampled clients) overrides the strategy's own threshold.
     """
 
-    fraction: float = 0.0
+    fraction: Annotated[float, Interval(ge=0, le=1)] = 0.0
     kind: Literal["raise", "timeout"] = "raise"
-    timeout: float = 3600.0
-    min_replies: float | None = None
-
-    def __post_init__(self) -> None:
-        require(0 <= self.fraction <= 1, "fraction", self.fraction, "must be in [0, 1]")
-        require(self.timeout > 0, "timeout", self.timeout, "must be > 0 (seconds)")
-        require(
-            self.min_replies is None or 0 < self.min_replies <= 1,
-            "min-replies",
-            self.min_replies,
-            "must be in (0, 1] (a fraction of the sampled clients)",
-        )
+    timeout: Annotated[float, Gt(0), doc("seconds")] = 3600.0
+    min_replies: Annotated[
+        float | None, Interval(gt=0, le=1), doc("a fraction of the sampled clients")
+    ] = None
 
 
 @dataclass(frozen=True)
