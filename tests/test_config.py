@@ -13,7 +13,12 @@ import tomli_w
 
 from fedsim.cli import main
 from fedsim.core.config import ScenarioError
-from fedsim.core.scenario_file import apply_overrides, load_scenario, scenario_from_dict
+from fedsim.core.scenario_file import (
+    apply_overrides,
+    check_own_components,
+    load_scenario,
+    scenario_from_dict,
+)
 from fedsim.scenario.validate import check_components, validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,6 +194,12 @@ HEAVY_MODULES = ("torch", "torchvision", "ray", "flwr", "flwr_datasets", "pandas
         ('name = "x"\n[federation\nrounds = 2\n', "is not valid TOML"),
         ('name = "x"\n[federation]\nround = 2\n', "federation.round = 2: unknown key"),
         ('name = "x"\n[federation]\nrounds = "two"\n', "federation.rounds"),
+        # A component's value or name (fedsim.core.params): the house issue's two examples.
+        ('name = "x"\n[[defences]]\nname = "prune"\nshare = 1.5\n', "share = 1.5: must be in"),
+        ('name = "x"\n[[defences]]\nname = "quantize"\nbits = 0\n', "bits = 0: must be in"),
+        ('name = "x"\n[[defences]]\nname = "prunes"\n', "defences[0] = 'prunes': allowed"),
+        ('name = "x"\n[audit]\nleaks = ["nope"]\n', "audit.leaks[0] = 'nope': allowed"),
+        ('name = "x"\n[audit]\nleaks = [{name = "llg", variant = "x"}]\n', "variant = 'x'"),
     ],
 )
 def test_a_malformed_scenario_is_refused_before_the_heavy_imports(
@@ -210,3 +221,29 @@ def test_a_malformed_scenario_is_refused_before_the_heavy_imports(
     assert result.stdout.split("\n")[0] == "2 []", result.stdout + result.stderr
     assert says in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_own_defences_and_leak_analyses_keep_their_params_where_the_early_check_reads() -> None:
+    from fedsim.attacks.leakage import LEAKS
+    from fedsim.clients.defences import DEFENCES
+    from fedsim.core.params.defences import DEFENCE_PARAMS
+    from fedsim.core.params.leaks import LEAK_PARAMS
+
+    # Registration refuses a class whose Params differ; here: no name is there but not here.
+    for registry, schemas in ((DEFENCES, DEFENCE_PARAMS), (LEAKS, LEAK_PARAMS)):
+        own = [n for n in registry.names() if registry.origin(n) == "fedsim"]
+        assert schemas.names() == own
+        assert all(registry.get(n).Params is schemas.get(n) for n in own)
+
+
+def test_a_plugin_name_passes_the_early_check_and_is_refused_after_the_plugins_load(
+    tmp_path: Path,
+) -> None:
+    plugin = tmp_path / "lab.py"
+    plugin.write_text("")  # registers nothing: the name stays unknown after its import
+    raw = {"name": "x", "plugins": [str(plugin)], "defences": [{"name": "lab-noise"}]}
+    scenario = scenario_from_dict(raw)
+    check_own_components(scenario)  # may be the plugin's: left to validation
+
+    with pytest.raises(ScenarioError, match=r"defences\[0\] = 'lab-noise': allowed: clip"):
+        check_components(scenario)

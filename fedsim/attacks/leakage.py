@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from fedsim.attacks.base import AttackSetting, Observation, PublicData
+from fedsim.core.params.leaks import LEAK_PARAMS
 from fedsim.core.registry import Registry
 from fedsim.core.threat import ALL_THREAT_MODELS, ThreatModel
 
@@ -170,4 +171,5 @@ LEAKS: Registry[Any] = Registry(
     group="fedsim.leaks",
     subclass_of=LeakAnalysis,
     needs=("Params", "kind"),
+    params=LEAK_PARAMS,
 )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from fedsim.core import plugins
+from fedsim.core.params import Schemas
 from fedsim.core.plugins import FEDSIM, RegistrationError
 
 T = TypeVar("T")
@@ -44,6 +45,9 @@ class Registry(Generic[T]):
         The entry-point group plugins add to (``fedsim.models``); empty: no
         plugins. Such a registry checks what is registered: a subclass of
         ``subclass_of`` if given, else a callable, with every attribute in ``needs``.
+    params:
+        Where fedsim's own components of this kind keep their ``Params``, importable
+        without torch (:mod:`fedsim.core.params`); each one registered must use it.
     """
 
     def __init__(
@@ -54,12 +58,14 @@ class Registry(Generic[T]):
         group: str = "",
         subclass_of: type | None = None,
         needs: tuple[str, ...] = (),
+        params: Schemas | None = None,
     ) -> None:
         self.kind = kind
         self.group = group
         self._packages = packages
         self._subclass_of = subclass_of
         self._needs = needs
+        self._params = params
         self._entries: dict[str, T] = {}
         self._descriptions: dict[str, str] = {}
         self._origins: dict[str, str] = {}
@@ -91,6 +97,8 @@ class Registry(Generic[T]):
             if origin != FEDSIM:
                 self._discover_own()  # a clash with fedsim's own shows at the plugin's line
             self._check_kind(name, obj, origin)
+            if self._params is not None and origin == FEDSIM:
+                self._check_params(name, obj)
             for key in (name, *aliases):
                 if self._lookup(key) not in (None, obj):
                     taken = self._origins[self._aliases.get(key, key)]
@@ -138,6 +146,14 @@ class Registry(Generic[T]):
             raise RegistrationError(
                 f"{self.kind} {name!r} of {origin} {what}; expected {expected}"
                 + (f" with {', '.join(self._needs)}" if self._needs else "")
+            )
+
+    def _check_params(self, name: str, obj: Any) -> None:
+        expected = self._params.get(name) if self._params is not None else None
+        if expected is None or getattr(obj, "Params", None) is not expected:
+            raise RegistrationError(
+                f"{self.kind} {name!r} must take its Params from fedsim.core.params "
+                f"({expected.__qualname__ if expected else 'none registered there'})"
             )
 
     def _lookup(self, name: str) -> T | None:

@@ -17,6 +17,8 @@ from fedsim.core.config import (
     Scenario,
 )
 from fedsim.core.errors import ScenarioError, require
+from fedsim.core.params.defences import DEFENCE_PARAMS
+from fedsim.core.params.leaks import LEAK_PARAMS
 from fedsim.core.plugins import is_path
 from fedsim.core.registry import Registry, UnknownNameError
 from fedsim.core.toml_tables import parse_table, to_table
@@ -181,7 +183,17 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         str((path.parent / entry).resolve()) if is_path(entry) else entry
         for entry in scenario.plugins
     )
+    check_own_components(scenario)
     return dataclasses.replace(scenario, plugins=plugins)
+
+
+def check_own_components(scenario: Scenario) -> None:
+    """The defences and leak analyses ``scenario`` names exist with valid parameters,
+    checked from :mod:`fedsim.core.params` before torch, Ray or Flower is imported (a
+    name only a plugin can register is left to validation, after the plugins load)."""
+    DEFENCE_PARAMS.check(scenario.defences, "defences", bool(scenario.plugins))
+    if scenario.audit.leaks != AUTO:
+        LEAK_PARAMS.check(scenario.audit.leaks, "audit.leaks", bool(scenario.plugins))
 
 
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:

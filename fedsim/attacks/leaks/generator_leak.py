@@ -36,8 +36,7 @@ public data; it runs on the audit's victims only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,64 +51,9 @@ from fedsim.core import protocol
 from fedsim.core.config import require
 from fedsim.core.gan import NOISE_DIM, ConditionalGenerator
 from fedsim.core.models import SplitNet, build_model
+from fedsim.core.params.leaks import GeneratorRepresentativesParams
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.threat import ONE_UPDATE, SharedKind
-
-
-@dataclass(frozen=True)
-class GeneratorRepresentativesParams:
-    """``generator-representatives``' settings.
-
-    Attributes
-    ----------
-    classes:
-        ``"present"``: the classes whose output bias the update lowered (as
-        ``class-representatives``; a balanced client's softmax bias gradients
-        sum to zero, so some of its classes go unread); ``"all"``: every class
-        (one the client lacks scores as a miss).
-    extractor:
-        The extractor estimate E~: ``"fitted"`` on the public data (see the
-        module), or ``"random"`` (its initialisation, as ``aligned-dlg``).
-    fit_steps, fit_batch_size, fit_lr:
-        Adam steps, public batch size and learning rate fitting E~.
-    feature_weight:
-        Weight of ``MSE(E~(x), G_i(z, y))`` beside the cross-entropy in the fit.
-    codes:
-        Codes ``z`` per class averaged into the class's generated features.
-    inversion_steps, inversion_lr:
-        Adam steps and learning rate (pixel units) of the inversion.
-    """
-
-    classes: Literal["present", "all"] = "present"
-    extractor: Literal["fitted", "random"] = "fitted"
-    fit_steps: int = 100
-    fit_batch_size: int = 32
-    fit_lr: float = 3e-3
-    feature_weight: float = 30.0
-    codes: int = 64
-    inversion_steps: int = 300
-    inversion_lr: float = 0.05
-
-    def __post_init__(self) -> None:
-        require(
-            self.classes in ("present", "all"), "classes", self.classes, 'allowed: "present", "all"'
-        )
-        require(
-            self.extractor in ("fitted", "random"),
-            "extractor",
-            self.extractor,
-            'allowed: "fitted", "random"',
-        )
-        for key, value in (
-            ("fit-steps", self.fit_steps),
-            ("inversion-steps", self.inversion_steps),
-        ):
-            require(value >= 0, key, value, "must be >= 0")
-        for key, value in (("fit-batch-size", self.fit_batch_size), ("codes", self.codes)):
-            require(value >= 1, key, value, "must be >= 1")
-        for key, rate in (("fit-lr", self.fit_lr), ("inversion-lr", self.inversion_lr)):
-            require(rate > 0, key, rate, "must be > 0")
-        require(self.feature_weight >= 0, "feature-weight", self.feature_weight, "must be >= 0")
 
 
 @LEAKS.register("generator-representatives")

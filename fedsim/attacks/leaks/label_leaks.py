@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,7 +54,6 @@ from fedsim.attacks.toolkits.closed_form import (
 )
 from fedsim.attacks.toolkits.gradients import batch_gradient, victim_model
 from fedsim.attacks.toolkits.labels import (
-    BatchLabels,
     infer_labels,
     label_method,
     last_layer_gradient,
@@ -65,7 +63,7 @@ from fedsim.attacks.toolkits.output_layer import (
     check_output_layer,
     public_subset,
 )
-from fedsim.core.config import require
+from fedsim.core.params.leaks import GradientCountParams, LLGParams, LogitShiftParams
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.threat import UPDATES
 
@@ -114,46 +112,6 @@ def output_row_sums(observation: Observation, device: torch.device) -> torch.Ten
     """The output layer's weight-gradient row sums (``dL/dtheta`` orientation), ``(K,)``."""
     weight, _ = last_layer_gradient(observation, device)
     return weight.sum(dim=1)
-
-
-@dataclass(frozen=True)
-class LLGParams:
-    """``llg``'s settings.
-
-    Attributes
-    ----------
-    variant:
-        ``llg`` (default): impact from the observation's own negative row sums,
-        ``m = (sum of negative row sums / B) (1 + 1/K)``, no offset (no data).
-        ``llg-plus``: impact and per-class offset from gradients of
-        single-class batches of public data at the sent model (LLG+).
-    calibration_batch:
-        Examples per single-class public batch (``llg-plus``).
-    calibration_repeats:
-        Batches per class averaged (the paper's ``n = 10``).
-
-    Where this differs from the paper: the row sums of a multi-step update are
-    read as one large-batch gradient (``(w_global - w) / (lr * steps)``); the
-    paper's federated experiments do the same. Its LLG* (impact from a model the
-    attacker trained on its auxiliary data) is not implemented: the server here
-    holds the sent model, which LLG+ already calibrates at.
-    """
-
-    variant: Literal["llg", "llg-plus"] = "llg"
-    calibration_batch: int = 16
-    calibration_repeats: int = 2
-
-    def __post_init__(self) -> None:
-        require(self.variant in ("llg", "llg-plus"), "variant", self.variant, "llg or llg-plus")
-        require(
-            self.calibration_batch >= 1, "calibration-batch", self.calibration_batch, "must be >= 1"
-        )
-        require(
-            self.calibration_repeats >= 1,
-            "calibration-repeats",
-            self.calibration_repeats,
-            "must be >= 1",
-        )
 
 
 @LEAKS.register("llg")
@@ -213,35 +171,6 @@ class LLG(LeakAnalysis):
         return LabelLeak(counts, time.perf_counter() - start, details)
 
 
-@dataclass(frozen=True)
-class LogitShiftParams:
-    """``logit-shift``'s settings.
-
-    Attributes
-    ----------
-    support:
-        ``all`` (default): every class gets a share. ``negative-rows``: only
-        classes whose output-layer row sum is negative (LLG's property 1): better
-        under SGD, far worse under Adam on large clients, where property 1
-        misses present classes (TV 0.77 where ``all`` scored 0.29).
-    temperature:
-        Shares are ``softmax(temperature * mean logit shift)``; 1 is the
-        label-shift model's own scale.
-    """
-
-    support: Literal["negative-rows", "all"] = "all"
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        require(
-            self.support in ("negative-rows", "all"),
-            "support",
-            self.support,
-            "negative-rows or all",
-        )
-        require(self.temperature > 0, "temperature", self.temperature, "must be > 0")
-
-
 @LEAKS.register("logit-shift")
 class LogitShift(LeakAnalysis):
     """Class shares from how the uploaded model's logits moved on public images."""
@@ -288,28 +217,6 @@ class LogitShift(LeakAnalysis):
         counts = logits.softmax(dim=0) * observation.num_examples
         details: dict[str, Any] = {"shift": shift.cpu()}
         return LabelLeak(counts.float(), time.perf_counter() - start, details)
-
-
-@dataclass(frozen=True)
-class GradientCountParams:
-    """``gradient-count``'s settings.
-
-    Attributes
-    ----------
-    batch_labels:
-        ``count``: bias-corrected counting; ``ilrg``: iLRG's least squares
-        (:mod:`fedsim.attacks.toolkits.labels`). One example is read by iDLG either way.
-    """
-
-    batch_labels: BatchLabels = "count"
-
-    def __post_init__(self) -> None:
-        require(
-            self.batch_labels in ("count", "ilrg"),
-            "batch-labels",
-            self.batch_labels,
-            "count or ilrg",
-        )
 
 
 @LEAKS.register("gradient-count")

@@ -26,7 +26,6 @@ training per shadow.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -39,6 +38,7 @@ from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
 from fedsim.core.config import require
 from fedsim.core.modality import ANY, Modality
 from fedsim.core.modality import modality as modality_named
+from fedsim.core.params.leaks import MembershipParams
 from fedsim.core.threat import UPDATES, SharedKind
 
 
@@ -65,22 +65,6 @@ def need_candidates(inputs: LeakInput, name: str) -> Candidates:
     if inputs.candidates is None:
         raise ValueError(f"{name} scores candidates; the input holds none")
     return inputs.candidates
-
-
-@dataclass(frozen=True)
-class MembershipParams:
-    """A membership score's settings.
-
-    Attributes
-    ----------
-    chunk:
-        Candidates per forward pass (memory only; the scores do not depend on it).
-    """
-
-    chunk: int = 256
-
-    def __post_init__(self) -> None:
-        require(self.chunk >= 1, "chunk", self.chunk, "must be >= 1")
 
 
 class MembershipAnalysis(LeakAnalysis):

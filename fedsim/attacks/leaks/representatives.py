@@ -23,7 +23,6 @@ feature space. It runs on the audit's victims only (``every_client`` false).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,27 +32,7 @@ from fedsim.attacks.leakage import LEAKS, LeakAnalysis, LeakInput, Representativ
 from fedsim.attacks.toolkits.closed_form import Inversion, linear_layers
 from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
 from fedsim.attacks.toolkits.output_layer import check_output_layer
-from fedsim.core.config import require
-
-
-@dataclass(frozen=True)
-class RepresentativesParams:
-    """``class-representatives``' settings.
-
-    Attributes
-    ----------
-    inversion_steps:
-        Adam steps inverting the features to images (0: features only).
-    inversion_lr:
-        Adam's learning rate for the inversion, in pixel units (as ``analytic-fc``).
-    """
-
-    inversion_steps: int = 1000
-    inversion_lr: float = 0.2
-
-    def __post_init__(self) -> None:
-        require(self.inversion_steps >= 0, "inversion-steps", self.inversion_steps, "must be >= 0")
-        require(self.inversion_lr > 0, "inversion-lr", self.inversion_lr, "must be > 0")
+from fedsim.core.params.leaks import RepresentativesParams
 
 
 @LEAKS.register("class-representatives")

@@ -46,7 +46,6 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -58,70 +57,12 @@ from fedsim.attacks.leakage import LEAKS, LabelLeak, Leak, LeakAnalysis, LeakInp
 from fedsim.attacks.toolkits.closed_form import linear_layers
 from fedsim.attacks.toolkits.gradients import victim_model
 from fedsim.attacks.toolkits.output_layer import check_logit_reader, public_subset
-from fedsim.core.config import require
+from fedsim.core.params.leaks import Link, ShadowLabelsParams
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.threat import UPDATES
 from fedsim.core.training import train_local
 
-Link = Literal["softmax", "linear"]
 FEATURES = 4  # bias, row sum, logit shift, softmax of the logit shift
-
-
-@dataclass(frozen=True)
-class ShadowLabelsParams:
-    """``shadow-labels``' settings.
-
-    Attributes
-    ----------
-    shadows:
-        Shadow clients trained per round (shared by the round's clients).
-    iid_share:
-        Share of the shadows drawn IID from the public data; the rest draw
-        class shares from Dirichlet priors of ``alphas`` in turn.
-    alphas:
-        Dirichlet concentrations of the label-skewed shadows.
-    ridge:
-        Ridge penalty on the standardised features (per regression row).
-    max_examples:
-        Cap on a shadow client's examples (0: the round's client sizes as they are).
-    gate:
-        Read as the prior below ``gate`` times the leave-one-out IID error (above).
-    link:
-        ``softmax`` (default) or ``linear`` (ridge least squares on the shares).
-    reference:
-        ``round``: a client's features against the round's other clients' mean;
-        ``shadows``: against the IID shadows' mean (as the shadows are).
-    min_round:
-        Fewest clients in a round for the ``round`` reference.
-    """
-
-    shadows: int = 8
-    iid_share: float = 0.5
-    alphas: tuple[float, ...] = (0.3, 1.0)
-    ridge: float = 0.1
-    max_examples: int = 0
-    gate: float = 1.5
-    link: Link = "softmax"
-    reference: Literal["round", "shadows"] = "round"
-    min_round: int = 4
-
-    def __post_init__(self) -> None:
-        require(self.shadows >= 2, "shadows", self.shadows, "must be >= 2")
-        require(0 <= self.iid_share <= 1, "iid-share", self.iid_share, "must be in [0, 1]")
-        require(
-            len(self.alphas) >= 1 and all(a > 0 for a in self.alphas),
-            "alphas",
-            self.alphas,
-            "must be one or more concentrations > 0",
-        )
-        require(self.ridge >= 0, "ridge", self.ridge, "must be >= 0")
-        require(self.gate >= 0, "gate", self.gate, "must be >= 0")
-        require(
-            self.reference in ("round", "shadows"), "reference", self.reference, "round or shadows"
-        )
-        require(self.min_round >= 2, "min-round", self.min_round, "must be >= 2")
-        require(self.link in ("softmax", "linear"), "link", self.link, "softmax or linear")
-        require(self.max_examples >= 0, "max-examples", self.max_examples, "must be >= 0")
 
 
 def class_mix(public: PublicData, classes: int, level: float = 0.01) -> torch.Tensor:

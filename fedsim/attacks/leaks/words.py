@@ -10,7 +10,6 @@ frequency prior: the most frequent tokens of the server's public text.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -18,15 +17,11 @@ import torch
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.leakage import LEAKS, LeakAnalysis, LeakInput, WordsLeak
 from fedsim.core.config import require
+from fedsim.core.params.leaks import WordsParams
 from fedsim.core.raw import TEXT
 from fedsim.core.threat import ONE_CLIENT
 from fedsim.text.models import TOKEN_EMBEDDING
 from fedsim.text.words import frequency_prior, used_tokens
-
-
-@dataclass(frozen=True)
-class WordsParams:
-    """No parameters: the rule is exact up to float rounding."""
 
 
 def embedding_rows(observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:

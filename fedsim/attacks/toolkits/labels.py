@@ -30,7 +30,6 @@ least likely class.
 from __future__ import annotations
 
 import functools
-from typing import Literal
 
 import torch
 from torch import nn
@@ -40,13 +39,11 @@ from fedsim.attacks.base import Observation
 from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
 from fedsim.core.config import ModelConfig, require
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.params.leaks import BatchLabels
 from fedsim.core.seeds import SeedStream, derive_seed
 
 DUMMY_INPUTS = 64
 """Dummy images used to estimate the victim's mean softmax output."""
-
-BatchLabels = Literal["count", "ilrg"]
-"""How inferred labels are read for a batch above 1: bias-corrected counting or iLRG."""
 
 
 @functools.lru_cache(maxsize=32)

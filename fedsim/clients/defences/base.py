@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from fedsim.clients.base import ClientEnv, ClientSpec
+from fedsim.core.params.defences import DEFENCE_PARAMS
 from fedsim.core.registry import Registry
 from fedsim.core.training import TrainingHook
 
@@ -93,5 +94,9 @@ class Defence:
 
 
 DEFENCES: Registry[Any] = Registry(
-    "defence", group="fedsim.defences", subclass_of=Defence, needs=("Params",)
+    "defence",
+    group="fedsim.defences",
+    subclass_of=Defence,
+    needs=("Params",),
+    params=DEFENCE_PARAMS,
 )

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import numpy as np
 import torch
 
@@ -14,22 +11,7 @@ from fedsim.clients.defences.base import (
     Defence,
     Tensors,
 )
-from fedsim.core.config import require
-
-
-@dataclass(frozen=True)
-class PruneParams:
-    """``share``: the fraction of the update's entries with the smallest magnitudes set to 0;
-    ``scope``: ranked within each tensor (``layer``) or over the whole update (``global``)."""
-
-    share: float
-    scope: Literal["layer", "global"] = "layer"
-
-    def __post_init__(self) -> None:
-        require(0 <= self.share < 1, "share", self.share, "must be in [0, 1)")
-        require(
-            self.scope in ("layer", "global"), "scope", self.scope, 'must be "layer" or "global"'
-        )
+from fedsim.core.params.defences import PruneParams, QuantizeParams
 
 
 def _smallest_zeroed(values: torch.Tensor, count: int) -> torch.Tensor:
@@ -61,25 +43,6 @@ class Prune(Defence):
             [t.numel() for t in update.values()]
         )
         return {k: p.reshape(t.shape) for (k, t), p in zip(update.items(), pruned, strict=True)}
-
-
-@dataclass(frozen=True)
-class QuantizeParams:
-    """``bits``: each tensor rounded to ``2^(bits-1) - 1`` levels either side of 0, up to its
-    largest magnitude (symmetric uniform quantisation, round to nearest); ``half``: cast to
-    IEEE half precision instead (``bits`` must then be 16)."""
-
-    bits: int = 8
-    half: bool = False
-
-    def __post_init__(self) -> None:
-        require(2 <= self.bits <= 16, "bits", self.bits, "must be in [2, 16]")
-        require(
-            not self.half or self.bits == 16,
-            "half",
-            self.half,
-            "half precision is 16 bits: set bits = 16 or half = false",
-        )
 
 
 @DEFENCES.register("quantize")

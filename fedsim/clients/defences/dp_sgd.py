@@ -7,8 +7,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +25,7 @@ from fedsim.clients.defences.base import (
 )
 from fedsim.core.config import ClientConfig, ScenarioError, require
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.params.defences import DPSGDParams
 from fedsim.core.seeds import SeedStream, derive_seed
 
 if TYPE_CHECKING:
@@ -35,21 +35,6 @@ if TYPE_CHECKING:
 
 
 ACCOUNTANT_KEY = "dp-sgd-accountant"
-
-
-@dataclass(frozen=True)
-class DPSGDParams:
-    """Opacus DP-SGD: per-example clipping norm, noise std / norm, accounting delta."""
-
-    noise_multiplier: float = 1.0
-    max_grad_norm: float = 1.0
-    delta: float = 1e-5
-    accountant: Literal["rdp", "prv"] = "rdp"
-
-    def __post_init__(self) -> None:
-        require(self.noise_multiplier > 0, "noise-multiplier", self.noise_multiplier, "must be > 0")
-        require(self.max_grad_norm > 0, "max-grad-norm", self.max_grad_norm, "must be > 0")
-        require(0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
 
 
 @DEFENCES.register("dp-sgd")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from fedsim.clients.defences.base import (
@@ -13,17 +11,7 @@ from fedsim.clients.defences.base import (
     clip_to_norm,
     noise_like,
 )
-from fedsim.core.config import require
-
-
-@dataclass(frozen=True)
-class GaussianParams:
-    """``sigma``: standard deviation of the noise on every uploaded coordinate."""
-
-    sigma: float
-
-    def __post_init__(self) -> None:
-        require(self.sigma >= 0, "sigma", self.sigma, "must be >= 0")
+from fedsim.core.params.defences import ClipParams, GaussianParams, LaplaceParams
 
 
 @DEFENCES.register("gaussian")
@@ -36,16 +24,6 @@ class GaussianNoise(Defence):
         return {k: t + noise_like(rng.normal, t, self.params.sigma) for k, t in update.items()}
 
 
-@dataclass(frozen=True)
-class LaplaceParams:
-    """``scale``: the Laplace scale b (standard deviation b * sqrt(2)) per coordinate."""
-
-    scale: float
-
-    def __post_init__(self) -> None:
-        require(self.scale >= 0, "scale", self.scale, "must be >= 0")
-
-
 @DEFENCES.register("laplace")
 class LaplaceNoise(Defence):
     """Adds Laplace(0, scale) noise to every coordinate of the upload."""
@@ -54,16 +32,6 @@ class LaplaceNoise(Defence):
 
     def protect(self, update: Tensors, rng: np.random.Generator) -> Tensors:
         return {k: t + noise_like(rng.laplace, t, self.params.scale) for k, t in update.items()}
-
-
-@dataclass(frozen=True)
-class ClipParams:
-    """``max-norm``: bound on the L2 norm of the whole update."""
-
-    max_norm: float
-
-    def __post_init__(self) -> None:
-        require(self.max_norm > 0, "max-norm", self.max_norm, "must be > 0")
 
 
 @DEFENCES.register("clip")

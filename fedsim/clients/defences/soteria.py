@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import nn
@@ -15,20 +13,9 @@ from fedsim.clients.defences.base import (
     ProbeContext,
     Tensors,
 )
-from fedsim.core.config import ScenarioError, require
+from fedsim.core.config import ScenarioError
 from fedsim.core.models import MODELS, InputSpec
-
-
-@dataclass(frozen=True)
-class SoteriaParams:
-    """``share``: the fraction of the defended layer's input features whose weight-gradient
-    columns are zeroed (the authors' ``pruning_rate`` / 100; 0.6 is their README's
-    Inverting Gradients example, ``--pruning_rate=60``)."""
-
-    share: float = 0.6
-
-    def __post_init__(self) -> None:
-        require(0 <= self.share < 1, "share", self.share, "must be in [0, 1)")
+from fedsim.core.params.defences import SoteriaParams
 
 
 def defended_linear(model: nn.Module) -> tuple[str, nn.Linear]:
