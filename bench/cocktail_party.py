@@ -25,18 +25,18 @@ import torch
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.reconstruction.cocktail import (
     CocktailParty,
-    CocktailPartyParams,
     bias_scaled,
     random_rotations,
     unmixed,
     whiten,
 )
-from fedsim.attacks.reconstruction.vertices import BoxVertices, BoxVerticesParams
+from fedsim.attacks.reconstruction.vertices import BoxVertices
 from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import ReconstructionScore, score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.params.analytic import BoxVerticesParams, CocktailPartyParams
 from fedsim.core.truth import GroundTruth
 
 FEDSGD = ClientConfig(local_steps=1, batch_size=16, optimizer="sgd", lr=0.05)

@@ -40,12 +40,13 @@ import time
 import torch
 from torch import nn
 
-from fedsim.attacks.toolkits.labels import BatchLabels, ilrg_system, infer_labels
+from fedsim.attacks.toolkits.labels import ilrg_system, infer_labels
 from fedsim.audit.experiment import gradient_probe
 from fedsim.core.config import DataConfig, ModelConfig
 from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.metrics import label_accuracy
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.params.labels import BatchLabels
 
 CPU = torch.device("cpu")
 BATCHES = (64, 128, 256, 512)

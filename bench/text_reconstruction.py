@@ -20,7 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedsim.text.dager import DagerParams, attention_weight, dager
+from fedsim.core.params.analytic import DagerParams
+from fedsim.text.dager import attention_weight, dager
 from fedsim.text.models import TransformerBody
 from fedsim.text.shakespeare import roles
 from fedsim.text.tokens import windows, word_vocabulary

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.reconstruction.adam_signs import AdamSigns, AdamSignsParams, NeighbourhoodPrior
+from fedsim.attacks.reconstruction.adam_signs import AdamSigns, NeighbourhoodPrior
 from fedsim.audit.auditor import _as_seen_by, _Victim
 from fedsim.audit.candidates import AuditPool
 from fedsim.clients.app import build_client_app
@@ -30,6 +30,7 @@ from fedsim.core.config import (
 )
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.params.analytic import AdamSignsParams
 from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.toml_tables import parse_table
 from fedsim.outputs.results import RunRecorder

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import Observation
-from fedsim.attacks.reconstruction.analytic_fc import AnalyticFC, AnalyticFCParams
+from fedsim.attacks.reconstruction.analytic_fc import AnalyticFC
 from fedsim.attacks.toolkits import layer_systems
 from fedsim.attacks.toolkits.analytic import read_linear_input
 from fedsim.audit.experiment import gradient_probe
@@ -26,6 +26,7 @@ from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioEr
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.params.analytic import AnalyticFCParams
 from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.toml_tables import parse_table
 from fedsim.core.training import train_local

@@ -20,9 +20,7 @@ import torch
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import Observation
 from fedsim.attacks.reconstruction.dlg import DLG
-from fedsim.attacks.reconstruction.sapag import SAPAGParams
 from fedsim.attacks.registry import create_attack
-from fedsim.attacks.toolkits.dlg_matching import DLGParams
 from fedsim.attacks.toolkits.gradients import target_gradient
 from fedsim.attacks.toolkits.optim import BatchedAdamW, BatchedLBFGS
 from fedsim.audit.experiment import Probe, gradient_probe
@@ -31,6 +29,7 @@ from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioEr
 from fedsim.core.data import Normalization, load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.params.matching import DLGParams, SAPAGParams
 from fedsim.core.threat import ThreatModel
 from fedsim.core.toml_tables import parse_table
 

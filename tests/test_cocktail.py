@@ -17,7 +17,6 @@ from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import AGGREGATE_CLIENT, AttackSetting
 from fedsim.attacks.reconstruction.cocktail import (
     CocktailParty,
-    CocktailPartyParams,
     bias_scaled,
     gaussian_log_cosh,
     random_rotations,
@@ -26,6 +25,7 @@ from fedsim.attacks.reconstruction.cocktail import (
 )
 from fedsim.core.config import AUTO, ScenarioError
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.params.analytic import CocktailPartyParams
 from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.toml_tables import parse_table
 from fedsim.outputs.run_folder import AUDIT_FILE

@@ -200,6 +200,8 @@ HEAVY_MODULES = ("torch", "torchvision", "ray", "flwr", "flwr_datasets", "pandas
         ('name = "x"\n[[defences]]\nname = "prunes"\n', "defences[0] = 'prunes': allowed"),
         ('name = "x"\n[audit]\nleaks = ["nope"]\n', "audit.leaks[0] = 'nope': allowed"),
         ('name = "x"\n[audit]\nleaks = [{name = "llg", variant = "x"}]\n', "variant = 'x'"),
+        ('name = "x"\n[audit]\nattacks = [{name = "dgl"}]\n', "attacks[0] = 'dgl': allowed"),
+        ('name = "x"\n[audit]\nattacks = [{name = "ig", restarts = 0}]\n', "restarts = 0"),
     ],
 )
 def test_a_malformed_scenario_is_refused_before_the_heavy_imports(
@@ -223,17 +225,21 @@ def test_a_malformed_scenario_is_refused_before_the_heavy_imports(
     assert not (tmp_path / "r").exists()
 
 
-def test_own_defences_and_leak_analyses_keep_their_params_where_the_early_check_reads() -> None:
+def test_own_components_keep_their_params_where_the_early_check_reads() -> None:
+    from fedsim.attacks import ATTACKS
     from fedsim.attacks.leakage import LEAKS
     from fedsim.clients.defences import DEFENCES
+    from fedsim.core.params.attacks import ATTACK_PARAMS
     from fedsim.core.params.defences import DEFENCE_PARAMS
     from fedsim.core.params.leaks import LEAK_PARAMS
 
     # Registration refuses a class whose Params differ; here: no name is there but not here.
-    for registry, schemas in ((DEFENCES, DEFENCE_PARAMS), (LEAKS, LEAK_PARAMS)):
+    kinds = ((DEFENCES, DEFENCE_PARAMS), (ATTACKS, ATTACK_PARAMS), (LEAKS, LEAK_PARAMS))
+    for registry, schemas in kinds:
         own = [n for n in registry.names() if registry.origin(n) == "fedsim"]
         assert schemas.names() == own
         assert all(registry.get(n).Params is schemas.get(n) for n in own)
+        assert schemas.aliases() == registry.aliases()
 
 
 def test_a_plugin_name_passes_the_early_check_and_is_refused_after_the_plugins_load(

@@ -10,14 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedsim.text.dager import (
-    DagerParams,
-    attention_weight,
-    dager,
-    extended_inputs,
-    layer_inputs,
-    token_limit,
-)
+from fedsim.core.params.analytic import DagerParams
+from fedsim.text.dager import attention_weight, dager, extended_inputs, layer_inputs, token_limit
 from fedsim.text.models import TransformerBody
 from fedsim.text.shakespeare import roles
 from fedsim.text.tokens import Vocabulary, windows, word_vocabulary

@@ -15,6 +15,7 @@ from fedsim.attacks import create_attack
 from fedsim.attacks.reconstruction.defence_aware import (
     DefenceAwareDLG,
     DefenceAwareIG,
+    cells,
     defence_model,
 )
 from fedsim.attacks.reconstruction.dlg import DLG
@@ -130,9 +131,9 @@ def test_the_true_gradient_lies_in_every_cell_the_attacker_derives(
 def test_the_cells_are_what_each_defence_leaves() -> None:
     observed = [torch.tensor([[0.0, 0.3, -0.7], [0.0, 0.1, 0.0]]), torch.tensor([0.0, 0.2])]
 
-    soteria = defence_model([SOTERIA]).cells(observed)  # type: ignore[union-attr]
-    prune = defence_model([PRUNE]).cells(observed)  # type: ignore[union-attr]
-    quantize = defence_model([QUANTIZE]).cells(observed)  # type: ignore[union-attr]
+    soteria = cells(defence_model([SOTERIA]), observed)  # type: ignore[arg-type]
+    prune = cells(defence_model([PRUNE]), observed)  # type: ignore[arg-type]
+    quantize = cells(defence_model([QUANTIZE]), observed)  # type: ignore[arg-type]
 
     assert torch.isinf(soteria[0][0, 0]) and torch.equal(soteria[0][0, 1:], observed[0][0, 1:])
     assert float(prune[1][1, 0]) == pytest.approx(0.1)  # its tensor's smallest kept magnitude

@@ -11,11 +11,12 @@ from client_updates import CLIENT_SEED, real_update
 
 from fedsim.attacks import ATTACKS
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.reconstruction.fedavg_leakage import FedAvgLeakage, FedAvgLeakageParams, chamfer
+from fedsim.attacks.reconstruction.fedavg_leakage import FedAvgLeakage, chamfer
 from fedsim.attacks.toolkits.gradients import relative_residual
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, Scenario, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.params.matching import FedAvgLeakageParams
 from fedsim.core.toml_tables import parse_table
 from fedsim.core.training import batch_indices
 from fedsim.scenario.applicability import check_applies

@@ -21,7 +21,6 @@ from fedsim.attacks.reconstruction.grnn import (
     GRNN,
     GradientObjective,
     GrnnGenerator,
-    WassersteinReading,
     total_variation,
 )
 from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
@@ -30,6 +29,7 @@ from fedsim.core.config import DataConfig, ModelConfig, ScenarioError
 from fedsim.core.data import load_dataset
 from fedsim.core.metrics import score_reconstruction
 from fedsim.core.models import InputSpec, build_model
+from fedsim.core.params.optimising import WassersteinReading
 from fedsim.core.toml_tables import parse_table
 
 LENET = ModelConfig("lenet5-grnn", "uniform")

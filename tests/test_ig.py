@@ -7,14 +7,11 @@ import torch
 from test_audit_attacks import _two_step_update
 
 from fedsim.attacks import ATTACKS
-from fedsim.attacks.reconstruction.ig import (
-    InvertingGradients,
-    InvertingGradientsParams,
-    total_variation,
-)
+from fedsim.attacks.reconstruction.ig import InvertingGradients, total_variation
 from fedsim.attacks.toolkits.optim import BatchedAdamW
 from fedsim.audit.experiment import AttackExperiment, run_attack_experiment
 from fedsim.core.metrics import score_reconstruction
+from fedsim.core.params.matching import InvertingGradientsParams
 from fedsim.core.registry import UnknownNameError
 from fedsim.core.toml_tables import parse_table
 

@@ -17,8 +17,7 @@ from scipy.stats import bootstrap
 from fedsim.attacks import ATTACKS, resolve_attack
 from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.reconstruction.dlg import DLG
-from fedsim.attacks.toolkits.convergence import ConvergenceRule, ConvergenceTracker
-from fedsim.attacks.toolkits.dlg_matching import DLGParams
+from fedsim.attacks.toolkits.convergence import ConvergenceTracker
 from fedsim.attacks.toolkits.optim import BatchedAdamW
 from fedsim.audit.experiment import (
     AttackExperiment,
@@ -29,6 +28,8 @@ from fedsim.audit.experiment import (
 from fedsim.audit.fidelity import attacker_residual
 from fedsim.core.config import AUTO, ScenarioError
 from fedsim.core.metrics import median_interval, success_interval
+from fedsim.core.params.matching import DLGParams
+from fedsim.core.params.optimising import ConvergenceRule
 from fedsim.core.protocol import CONVERGED, LOWER_BOUND, AuditRecord
 from fedsim.core.scenario_file import load_scenario
 from fedsim.outputs.verdict import round_verdict, victim_verdict, victim_verdicts

@@ -26,7 +26,6 @@ from fedsim.core.config import (
     DataConfig,
     ModelConfig,
     Scenario,
-    require,
 )
 from fedsim.core.data import Normalization, generated_dataset, load_raw
 from fedsim.core.models import InputSpec
@@ -172,20 +171,6 @@ class Reconstruction:
     steps_taken: int = 0
     converged: bool = False
     details: dict[str, Any] = field(default_factory=dict)
-
-
-MAX_RESTARTS = 1024
-"""Restarts are optimised together, in memory: more is a typo, not an experiment."""
-
-
-def require_restarts(restarts: int) -> None:
-    """An attack's ``restarts`` within 1 .. :data:`MAX_RESTARTS`."""
-    require(
-        1 <= restarts <= MAX_RESTARTS,
-        "restarts",
-        restarts,
-        f"must be between 1 and {MAX_RESTARTS}",
-    )
 
 
 # Progress of a running attack: (step, steps in all, lowest objective at this step).

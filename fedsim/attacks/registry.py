@@ -10,6 +10,7 @@ import torch
 from fedsim.attacks.base import Attack
 from fedsim.core.components import Resolved, resolve
 from fedsim.core.config import ComponentConfig
+from fedsim.core.params.attacks import ATTACK_PARAMS
 from fedsim.core.registry import Registry
 
 ATTACKS: Registry[Any] = Registry(
@@ -18,6 +19,7 @@ ATTACKS: Registry[Any] = Registry(
     group="fedsim.attacks",
     subclass_of=Attack,
     needs=("Params",),
+    params=ATTACK_PARAMS,
 )
 
 

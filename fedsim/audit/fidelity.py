@@ -28,11 +28,11 @@ import torch
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.reconstruction.dlg import DLG
 from fedsim.attacks.toolkits.analytic import AnalyticAttack
-from fedsim.attacks.toolkits.dlg_matching import DLGParams
 from fedsim.attacks.toolkits.gradients import local_steps_taken
 from fedsim.attacks.toolkits.matching import GradientMatchingAttack
 from fedsim.core.components import Resolved
 from fedsim.core.models import build_model
+from fedsim.core.params.matching import DLGParams
 from fedsim.core.threat import SharedKind
 from fedsim.core.truth import GroundTruth
 

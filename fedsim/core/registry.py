@@ -98,7 +98,7 @@ class Registry(Generic[T]):
                 self._discover_own()  # a clash with fedsim's own shows at the plugin's line
             self._check_kind(name, obj, origin)
             if self._params is not None and origin == FEDSIM:
-                self._check_params(name, obj)
+                self._check_params((name, *aliases), obj)
             for key in (name, *aliases):
                 if self._lookup(key) not in (None, obj):
                     taken = self._origins[self._aliases.get(key, key)]
@@ -148,12 +148,14 @@ class Registry(Generic[T]):
                 + (f" with {', '.join(self._needs)}" if self._needs else "")
             )
 
-    def _check_params(self, name: str, obj: Any) -> None:
-        expected = self._params.get(name) if self._params is not None else None
-        if expected is None or getattr(obj, "Params", None) is not expected:
+    def _check_params(self, keys: tuple[str, ...], obj: Any) -> None:
+        schemas = self._params
+        expected = schemas.get(keys[0]) if schemas is not None else None
+        found = {schemas.get(key) for key in keys} if schemas is not None else set()
+        if expected is None or found != {getattr(obj, "Params", None)}:
             raise RegistrationError(
-                f"{self.kind} {name!r} must take its Params from fedsim.core.params "
-                f"({expected.__qualname__ if expected else 'none registered there'})"
+                f"{self.kind} {keys[0]!r} must take its Params (and aliases) from "
+                f"fedsim.core.params ({expected.__qualname__ if expected else 'none there'})"
             )
 
     def _lookup(self, name: str) -> T | None:

@@ -17,6 +17,7 @@ from fedsim.core.config import (
     Scenario,
 )
 from fedsim.core.errors import ScenarioError, require
+from fedsim.core.params.attacks import ATTACK_PARAMS
 from fedsim.core.params.defences import DEFENCE_PARAMS
 from fedsim.core.params.leaks import LEAK_PARAMS
 from fedsim.core.plugins import is_path
@@ -188,12 +189,14 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 
 
 def check_own_components(scenario: Scenario) -> None:
-    """The defences and leak analyses ``scenario`` names exist with valid parameters,
+    """The defences, attacks and leak analyses ``scenario`` names exist with valid parameters,
     checked from :mod:`fedsim.core.params` before torch, Ray or Flower is imported (a
     name only a plugin can register is left to validation, after the plugins load)."""
     DEFENCE_PARAMS.check(scenario.defences, "defences", bool(scenario.plugins))
-    if scenario.audit.leaks != AUTO:
-        LEAK_PARAMS.check(scenario.audit.leaks, "audit.leaks", bool(scenario.plugins))
+    for schemas, key in ((ATTACK_PARAMS, "attacks"), (LEAK_PARAMS, "leaks")):
+        listed = getattr(scenario.audit, key)
+        if listed != AUTO:
+            schemas.check(listed, f"audit.{key}", bool(scenario.plugins))
 
 
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:

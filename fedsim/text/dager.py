@@ -34,39 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedsim.core.params.analytic import DagerParams
 from fedsim.text.models import TransformerBody
-
-
-@dataclass(frozen=True)
-class DagerParams:
-    """DAGER's tolerances.
-
-    Attributes
-    ----------
-    rank_tolerance:
-        Singular values below this fraction of the largest do not count towards a layer's
-        gradient rank.
-    residual_tolerance:
-        A candidate input belongs to the span when its projection residual, relative to its
-        norm, is below this.
-    max_prefixes:
-        Most partial sequences at a position; beyond it the span admits too much to tell
-        (near the rank limit) and the attack stops with nothing (``prefixes_cut``).
-    """
-
-    rank_tolerance: float = 1e-5
-    residual_tolerance: float = 1e-3
-    max_prefixes: int = 1024
-
-    def __post_init__(self) -> None:
-        for name, value in (
-            ("rank-tolerance", self.rank_tolerance),
-            ("residual-tolerance", self.residual_tolerance),
-        ):
-            if not 0 < value < 1:
-                raise ValueError(f"dager {name} must be in (0, 1), got {value}")
-        if self.max_prefixes < 1:
-            raise ValueError(f"dager max-prefixes must be >= 1, got {self.max_prefixes}")
 
 
 def token_limit(width: int) -> int:

@@ -83,36 +83,11 @@ from fedsim.attacks.toolkits.gradients import local_steps_taken, victim_model
 from fedsim.attacks.toolkits.replay import replay_refusal
 from fedsim.core.config import ClientConfig, require
 from fedsim.core.data import Normalization
+from fedsim.core.params.analytic import AdamSignsParams
 from fedsim.core.threat import ONE_UPDATE, SharedKind
 
 NEIGHBOURHOOD = 3  # a pixel's binary 3x3 neighbourhood indexes the prior's table
 CODES = 1 << NEIGHBOURHOOD**2
-
-
-@dataclass(frozen=True)
-class AdamSignsParams:
-    """``adam-signs``' settings.
-
-    Attributes
-    ----------
-    tolerance:
-        Largest 90th percentile of ``||u_ij / u_i| - 1|`` over a row's nonzero
-        entries for the row to count as one image's sign pattern (pure rows
-        measured under 3e-3, mixed ones 0.1 and above: see the module).
-    min_snr:
-        How far (in multiples of float32 rounding) a row's background deviation must
-        stand for Adam's ``eps`` to be read as pixel values (:func:`eps_read`); below
-        it the mask is painted by the prior. Measured on 115 images found in 15
-        clients of 4-16 digits: 20 put 36 at 30 dB or more but lost one under 20 dB
-        that the prior had; 50 put 23 at 30 dB or more and lost none; 100, 10.
-    """
-
-    tolerance: float = 0.02
-    min_snr: float = 50.0
-
-    def __post_init__(self) -> None:
-        require(0 < self.tolerance < 1, "tolerance", self.tolerance, "must be in (0, 1)")
-        require(self.min_snr > 0, "min-snr", self.min_snr, "must be > 0")
 
 
 def adam_refusal(cfg: ClientConfig) -> str | None:

@@ -15,40 +15,18 @@ initialisation: optimising it jointly with x~ is not implemented.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 from torch.func import functional_call
 
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.registry import ATTACKS
-from fedsim.attacks.toolkits.dlg_matching import DLGMatching, DLGParams
+from fedsim.attacks.toolkits.dlg_matching import DLGMatching
 from fedsim.attacks.toolkits.generator import check_generator_uploaded, uploaded_generator
 from fedsim.attacks.toolkits.matching_problem import MatchingProblem
 from fedsim.core import protocol
-from fedsim.core.config import require
 from fedsim.core.gan import NOISE_DIM
+from fedsim.core.params.matching import AlignedDLGParams
 from fedsim.core.seeds import SeedStream, derive_seed
-
-
-@dataclass(frozen=True)
-class AlignedDLGParams(DLGParams):
-    """DLG's settings plus the alignment weight lambda; labels are inferred."""
-
-    alignment_weight: float = 1.0
-    codes: int = 64
-    labels: Literal["joint", "infer"] = "infer"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(
-            self.alignment_weight >= 0, "alignment-weight", self.alignment_weight, "must be >= 0"
-        )
-        require(self.codes >= 1, "codes", self.codes, "must be >= 1")
-        require(
-            self.labels == "infer", "labels", self.labels, "must be 'infer' (G_i needs classes)"
-        )
 
 
 def _channel_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

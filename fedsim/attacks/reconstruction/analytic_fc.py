@@ -23,7 +23,6 @@ Where it applies, and what it records, as every analytic attack
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,43 +47,7 @@ from fedsim.attacks.toolkits.gradients import (
 from fedsim.attacks.toolkits.labels import infer_labels, label_method
 from fedsim.core.config import require
 from fedsim.core.models import SplitNet
-
-
-@dataclass(frozen=True)
-class AnalyticFCParams:
-    """``analytic-fc``'s settings.
-
-    Attributes
-    ----------
-    layer:
-        The linear layer to read (a module name such as ``classifier.1``), or
-        ``auto``: the first shared ``nn.Linear`` with a bias.
-    row_floor:
-        Rows whose bias gradient is below this fraction of the largest one are
-        left out (their ratio is float noise over a near-zero divisor).
-    inversion_steps:
-        Adam steps inverting recovered features through the extractor (0:
-        return the features only, with grey images).
-    inversion_lr:
-        Adam's learning rate for the inversion, in pixel units, constant.
-
-    Inversion defaults, measured on four ``lenet5-split`` FedSGD digits (one
-    thread): 1,000 steps at 0.2 gave 30.8 / 37.7 / 34.5 / 36.3 dB in about
-    2.2 s each; 500 steps 28.2-34.7 dB; a tenfold decay at 3/8, 5/8, 7/8 (as
-    Inverting Gradients) cost 3-7 dB at 500 steps, and lr 0.03-0.1 converged
-    slower. Inverting Gradients (1,000 steps x 2 restarts) reached 27.6 /
-    25.3 / 25.9 / 28.3 dB on the same uploads in 13-16 s.
-    """
-
-    layer: str = "auto"
-    row_floor: float = 1e-4
-    inversion_steps: int = 1000
-    inversion_lr: float = 0.2
-
-    def __post_init__(self) -> None:
-        require(0 <= self.row_floor < 1, "row-floor", self.row_floor, "must be in [0, 1)")
-        require(self.inversion_steps >= 0, "inversion-steps", self.inversion_steps, "must be >= 0")
-        require(self.inversion_lr > 0, "inversion-lr", self.inversion_lr, "must be > 0")
+from fedsim.core.params.analytic import AnalyticFCParams
 
 
 @ATTACKS.register("analytic-fc")

@@ -57,18 +57,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedsim.attacks.base import AttackSetting, Observation, Reconstruction, require_restarts
+from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.toolkits.closed_form import one_step_residual, setting_batch, setting_model
 from fedsim.attacks.toolkits.first_layer import FirstLayerAttack, example_labels, first_linear_layer
 from fedsim.core.config import require
+from fedsim.core.params.analytic import CocktailPartyParams
 from fedsim.core.seeds import SeedStream, derive_seed
 
 GAUSSIAN_SAMPLES = 200_001
@@ -81,59 +81,6 @@ def gaussian_log_cosh(a: float) -> float:
     density = np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi)
     values = (np.logaddexp(a * grid, -a * grid) - math.log(2.0)) / a
     return float(np.trapezoid(values * density, grid))
-
-
-@dataclass(frozen=True)
-class CocktailPartyParams:
-    """``cocktail-party``'s settings (the paper's FC-2 on Tiny-ImageNet by default).
-
-    Attributes
-    ----------
-    steps:
-        Adam steps over the un-mixing matrix at most (the paper: 25,000). The
-        optimisation stops earlier once the objective improved by at most
-        ``stall_rtol`` (relative) over a tenth of ``steps``.
-    lr:
-        Adam's learning rate, constant (the paper: 1e-3).
-    lambda_tv:
-        Weight of the total-variation prior on each source (the authors' FC-2
-        setting: 3.1).
-    lambda_mi:
-        Weight of the mutual-independence penalty (the authors' FC-2: 1.47).
-    temperature:
-        ``T`` in the penalty ``exp(T |cos|) - 1`` (the authors' FC-2: 12.4).
-    lambda_ne:
-        Weight of the negentropy term (the paper: 1; the released code: 0).
-    negentropy_a:
-        ``a`` in ``G(s) = log cosh(a s) / a``, between 1 and 2 (FastICA's range).
-    restarts:
-        Un-mixing matrices optimised together: the identity, then random
-        rotations; the lowest final objective is kept.
-    stall_rtol:
-        The relative improvement over a tenth of ``steps`` below which the
-        optimisation has stalled (and stops); 0 never stops early.
-    """
-
-    steps: int = 25_000
-    lr: float = 1e-3
-    lambda_tv: float = 3.1
-    lambda_mi: float = 1.47
-    temperature: float = 12.4
-    lambda_ne: float = 1.0
-    negentropy_a: float = 1.0
-    restarts: int = 1
-    stall_rtol: float = 1e-4
-
-    def __post_init__(self) -> None:
-        require(self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        require(self.lambda_tv >= 0, "lambda-tv", self.lambda_tv, "must be >= 0")
-        require(self.lambda_mi >= 0, "lambda-mi", self.lambda_mi, "must be >= 0")
-        require(self.temperature > 0, "temperature", self.temperature, "must be > 0")
-        require(self.lambda_ne >= 0, "lambda-ne", self.lambda_ne, "must be >= 0")
-        require(1 <= self.negentropy_a <= 2, "negentropy-a", self.negentropy_a, "must be in [1, 2]")
-        require_restarts(self.restarts)
-        require(0 <= self.stall_rtol < 1, "stall-rtol", self.stall_rtol, "must be in [0, 1)")
 
 
 def whiten(weight: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor, float]:

@@ -30,9 +30,10 @@ from fedsim.attacks.toolkits.text_victim import (
     one_step,
     sent_model,
 )
+from fedsim.core.params.analytic import DagerParams
 from fedsim.core.raw import TEXT
 from fedsim.core.threat import ONE_CLIENT
-from fedsim.text.dager import DagerParams, dager
+from fedsim.text.dager import dager
 
 
 @ATTACKS.register("dager")

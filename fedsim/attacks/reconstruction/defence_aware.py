@@ -34,66 +34,41 @@ so they do not apply there.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.registry import ATTACKS
-from fedsim.attacks.toolkits.dlg_matching import DLGMatching, DLGParams
-from fedsim.attacks.toolkits.ig_matching import IGMatching, InvertingGradientsParams
+from fedsim.attacks.toolkits.dlg_matching import DLGMatching
+from fedsim.attacks.toolkits.ig_matching import IGMatching
 from fedsim.attacks.toolkits.matching import GradientMatchingAttack
-from fedsim.core.config import ComponentConfig, ScenarioError, require
+from fedsim.core.config import ComponentConfig, ScenarioError
+from fedsim.core.params.matching import (
+    MODELLED,
+    DefenceAwareDLGParams,
+    DefenceAwareIGParams,
+    DefenceModel,
+)
 from fedsim.core.threat import ThreatModel
 
-DefenceName = Literal["soteria", "prune", "quantize"]
-MODELLED: tuple[str, ...] = ("soteria", "prune", "quantize")
 HALF_RELATIVE = 2.0**-11  # half precision's round-to-nearest error, relative (normal range)
 HALF_SUBNORMAL = 2.0**-25  # and absolute, below it (half the smallest subnormal step)
 
 
-@dataclass(frozen=True)
-class DefenceModel:
-    """The defence the attacker models, with the parameters it knows.
-
-    Attributes
-    ----------
-    defence:
-        ``soteria``, ``prune`` or ``quantize``.
-    scope:
-        ``prune``'s ranking: per tensor (``layer``) or over the upload (``global``).
-    bits:
-        ``quantize``'s bits (``2^(bits-1) - 1`` levels either side of 0).
-    half:
-        ``quantize`` casts to half precision instead.
-    """
-
-    defence: DefenceName = "soteria"
-    scope: Literal["layer", "global"] = "layer"
-    bits: int = 8
-    half: bool = False
-
-    def __post_init__(self) -> None:
-        require(self.defence in MODELLED, "defence", self.defence, f"must be one of {MODELLED}")
-        require(
-            self.scope in ("layer", "global"), "scope", self.scope, 'must be "layer" or "global"'
-        )
-        require(2 <= self.bits <= 16, "bits", self.bits, "must be in [2, 16]")
-
-    def cells(self, target: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """``[low_0, high_0, low_1, high_1, ...]``: per observed tensor, the bounds each
-        true entry lies within (``-inf, inf``: unconstrained; ``low = high``: exact)."""
-        if self.defence == "soteria":
-            out = []
-            for t in target:
-                free = t == 0
-                out += [t.masked_fill(free, -torch.inf), t.masked_fill(free, torch.inf)]
-            return out
-        if self.defence == "prune":
-            return _pruned_cells(target, self.scope)
-        return _quantised_cells(target, self.bits, self.half)
+def cells(model: DefenceModel, target: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``[low_0, high_0, low_1, high_1, ...]``: per observed tensor, the bounds each true
+    entry lies within under ``model`` (``-inf, inf``: unconstrained; ``low = high``: exact)."""
+    if model.defence == "soteria":
+        out = []
+        for t in target:
+            free = t == 0
+            out += [t.masked_fill(free, -torch.inf), t.masked_fill(free, torch.inf)]
+        return out
+    if model.defence == "prune":
+        return _pruned_cells(target, model.scope)
+    return _quantised_cells(target, model.bits, model.half)
 
 
 def _smallest_kept(t: torch.Tensor) -> torch.Tensor:
@@ -182,9 +157,9 @@ class DefenceAware(GradientMatchingAttack):
         }
 
     def defence_cells(self, target: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The cells of ``target`` under the modelled defence (:meth:`DefenceModel.cells`)."""
+        """The cells of ``target`` under the modelled defence (:func:`cells`)."""
         p = self.params
-        return DefenceModel(p.defence, p.scope, p.bits, p.half).cells(target)
+        return cells(DefenceModel(p.defence, p.scope, p.bits, p.half), target)
 
     def fidelity_residual(
         self, observation: Observation, images: torch.Tensor, labels: torch.Tensor, seed: int = 0
@@ -197,22 +172,13 @@ class DefenceAware(GradientMatchingAttack):
         y = F.one_hot(labels.to(self.device).long(), problem.num_classes).float()
         simulated = self.simulated_gradient(problem, params, x, y, functional=False)
         target = [t[0] for t in problem.target]
-        cells = self.defence_cells(target)
+        bounds = self.defence_cells(target)
         outside = sum(
             float((s.detach() - project(s.detach(), lo, hi)).square().sum())
-            for s, lo, hi in zip(simulated, cells[0::2], cells[1::2], strict=True)
+            for s, lo, hi in zip(simulated, bounds[0::2], bounds[1::2], strict=True)
         )
         scale = sum(float(t.square().sum()) for t in target)
         return (outside / scale) ** 0.5 if scale > 0 else float("inf")
-
-
-@dataclass(frozen=True)
-class DefenceAwareDLGParams(DefenceModel, DLGParams):
-    """DLG's settings plus the modelled defence (:class:`DefenceModel`)."""
-
-    def __post_init__(self) -> None:
-        DLGParams.__post_init__(self)
-        DefenceModel.__post_init__(self)
 
 
 @ATTACKS.register("dlg-defence-aware")
@@ -241,15 +207,6 @@ class DefenceAwareDLG(DefenceAware, DLGMatching):
     ) -> list[torch.Tensor]:
         """The cells of every matched tensor, low and high in turn."""
         return self.defence_cells(target)
-
-
-@dataclass(frozen=True)
-class DefenceAwareIGParams(DefenceModel, InvertingGradientsParams):
-    """Inverting Gradients' settings plus the modelled defence (:class:`DefenceModel`)."""
-
-    def __post_init__(self) -> None:
-        InvertingGradientsParams.__post_init__(self)
-        DefenceModel.__post_init__(self)
 
 
 @ATTACKS.register("ig-defence-aware")

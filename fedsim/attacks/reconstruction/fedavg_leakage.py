@@ -29,8 +29,7 @@ gradient in the data.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from scipy.optimize import linear_sum_assignment
@@ -39,7 +38,6 @@ from fedsim.attacks.base import AttackSetting, Observation, Reconstruction
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.toolkits.labels import infer_labels
 from fedsim.attacks.toolkits.matching import GradientMatchingAttack
-from fedsim.attacks.toolkits.matching_params import MatchingParams
 from fedsim.attacks.toolkits.matching_problem import (
     LocalSchedule,
     MatchingProblem,
@@ -47,44 +45,8 @@ from fedsim.attacks.toolkits.matching_problem import (
     require_replayable,
 )
 from fedsim.attacks.toolkits.replay import check_replayable_setting
-from fedsim.core.config import require
+from fedsim.core.params.matching import FedAvgLeakageParams
 from fedsim.core.threat import ONE_UPDATE
-
-
-@dataclass(frozen=True)
-class FedAvgLeakageParams(MatchingParams):
-    """The attack's settings on top of :class:`MatchingParams`.
-
-    Attributes
-    ----------
-    epoch_prior:
-        Weight of the order-invariant prior tying every epoch's dummies to the
-        first epoch's (mean squared pixel distance to the nearest image, both
-        ways, in model-input space).
-    label_count_weight:
-        Weight of the prior pulling every epoch's soft label total to the
-        counts read from the update.
-    adam_smoothing:
-        ``s`` of :func:`~fedsim.attacks.toolkits.replay.replay` against Adam/AdamW
-        clients (0: the exact replay).
-    """
-
-    clamp: Literal["off", "step", "iteration"] = "iteration"
-    dummy_init: Literal["normal", "uniform", "constant"] = "uniform"
-    epoch_prior: float = 1e-2
-    label_count_weight: float = 1e-2
-    adam_smoothing: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.epoch_prior >= 0, "epoch-prior", self.epoch_prior, "must be >= 0")
-        require(
-            self.label_count_weight >= 0,
-            "label-count-weight",
-            self.label_count_weight,
-            "must be >= 0",
-        )
-        require(self.adam_smoothing >= 0, "adam-smoothing", self.adam_smoothing, "must be >= 0")
 
 
 def chamfer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

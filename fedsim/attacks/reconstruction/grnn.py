@@ -28,25 +28,25 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsim.attacks.base import Attack, Observation, Reconstruction, require_restarts
+from fedsim.attacks.base import Attack, Observation, Reconstruction
 from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.registry import ATTACKS
-from fedsim.attacks.toolkits.convergence import ConvergenceRule, ConvergenceTracker
+from fedsim.attacks.toolkits.convergence import ConvergenceTracker
 from fedsim.attacks.toolkits.gradients import batch_gradient, target_gradient, victim_model
-from fedsim.attacks.toolkits.labels import BatchLabels, infer_labels, label_method, require_inferred
-from fedsim.core.config import require
+from fedsim.attacks.toolkits.labels import infer_labels, label_method
 from fedsim.core.data import Normalization
 from fedsim.core.models import SplitNet
+from fedsim.core.params.optimising import (
+    GRNNParams,
+    WassersteinReading,
+)
 from fedsim.core.seeds import SeedStream, derive_seed
-
-WassersteinReading = Literal["l2", "sorted"]
 
 
 def _up_block(c_in: int, c_out: int) -> nn.Sequential:
@@ -183,76 +183,6 @@ class _Run:
     converged: bool
     diverged: bool  # its loss became non-finite or ended above where it started
     stop_reason: str  # fedsim.attacks.toolkits.convergence.ConvergenceTracker.outcome's
-
-
-@dataclass(frozen=True)
-class GRNNParams:
-    """GRNN's hyper-parameters; the defaults are the paper's LeNet settings.
-
-    Attributes
-    ----------
-    steps:
-        RMSprop steps on the generator (the paper's code: 1000; named like
-        the other attacks' optimiser steps).
-    lr, momentum:
-        RMSprop's learning rate and momentum (1e-4, 0.99).
-    wasserstein:
-        Reading of the "WD" term: ``l2`` or ``sorted`` (see the module docstring).
-    tv_weight:
-        ``alpha``; unset picks the paper's value for the architecture
-        (1e-6 for ResNet models, 1e-3 otherwise).
-    latent_dim, width:
-        The generator's latent size (128) and last hidden width (32).
-    restarts:
-        Fresh generators and latents; the one with the lowest final gradient
-        distance (the loss without TV, which the attacker can compute) is kept.
-        The reconstruction's ``objective_trace`` is the full loss per
-        step, its ``final_objective`` that distance.
-    labels:
-        ``generator``: the label branch's soft labels (GRNN). ``infer``: labels
-        read from the last layer first (iDLG at batch 1, ``batch_labels`` for
-        batches; see :mod:`fedsim.attacks.toolkits.labels`), fixed, and the label
-        branch unused.
-    batch_labels:
-        How ``labels = "infer"`` reads a batch's labels: ``count``
-        (bias-corrected counting) or ``ilrg`` (iLRG, Ma et al. 2023).
-    convergence:
-        When a restart counts as converged, and whether it stops early
-        (:mod:`fedsim.attacks.toolkits.convergence`), on the full loss per step.
-    """
-
-    steps: int = 1000
-    lr: float = 1e-4
-    momentum: float = 0.99
-    wasserstein: WassersteinReading = "l2"
-    tv_weight: float | None = None
-    latent_dim: int = 128
-    width: int = 32
-    restarts: int = 1
-    labels: Literal["generator", "infer"] = "generator"
-    batch_labels: BatchLabels = "count"
-    convergence: ConvergenceRule = field(default_factory=ConvergenceRule)
-
-    def __post_init__(self) -> None:
-        require(self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        require(
-            self.tv_weight is None or self.tv_weight >= 0,
-            "tv-weight",
-            self.tv_weight,
-            "must be >= 0",
-        )
-        # The generator's size grows with both (width squared): bounded so a typo is refused.
-        require(1 <= self.latent_dim <= 4096, "latent-dim", self.latent_dim, "must be in 1..4096")
-        require(1 <= self.width <= 1024, "width", self.width, "must be in 1..1024")
-        require_restarts(self.restarts)
-        require_inferred(self.labels, self.batch_labels)
-
-    @property
-    def step_count(self) -> int:
-        """Optimiser steps, under the name every attack's ``Params`` answers to."""
-        return self.steps
 
 
 @ATTACKS.register("grnn")

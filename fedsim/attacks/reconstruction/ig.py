@@ -28,11 +28,8 @@ batched and the attacker may pick by objective).
 from __future__ import annotations
 
 from fedsim.attacks.registry import ATTACKS
-from fedsim.attacks.toolkits.ig_matching import (
-    IGMatching,
-    InvertingGradientsParams,
-    total_variation,
-)
+from fedsim.attacks.toolkits.ig_matching import IGMatching, total_variation
+from fedsim.core.params.matching import InvertingGradientsParams
 
 __all__ = ["InvertingGradients", "InvertingGradientsParams", "total_variation"]
 

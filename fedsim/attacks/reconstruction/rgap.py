@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,6 +85,7 @@ from fedsim.attacks.toolkits.layer_systems import (
     weight_gradient_matrix,
 )
 from fedsim.core.config import require
+from fedsim.core.params.analytic import RGAPParams
 
 MAX_UNKNOWNS = 4096
 """Most values in one layer's input. A layer whose gradient block leaves few directions
@@ -94,33 +94,6 @@ any other is a factored ``n x n`` normal matrix (:func:`normal_solve`), time gro
 the cube and memory with the square of this: 0.5 s at 3,072 (LeNet-Zhu's first layer on
 three channels), so LeNet-SAPAG's 12,288 (724 of every channel's 1,024 pixels free) would
 take about 64 times that and a 600 MB matrix."""
-
-
-@dataclass(frozen=True)
-class RGAPParams:
-    """R-GAP's settings.
-
-    Attributes
-    ----------
-    row_floor:
-        As ``analytic-fc``'s ``row-floor``
-        (:func:`~fedsim.attacks.toolkits.analytic.read_linear_input`), for the last layer.
-    rank_tolerance:
-        Singular values below this fraction of the largest count as zero in a
-        layer's rank.
-    """
-
-    row_floor: float = 1e-4
-    rank_tolerance: float = 1e-9
-
-    def __post_init__(self) -> None:
-        require(0 <= self.row_floor < 1, "row-floor", self.row_floor, "must be in [0, 1)")
-        require(
-            0 < self.rank_tolerance < 1,
-            "rank-tolerance",
-            self.rank_tolerance,
-            "must be in (0, 1)",
-        )
 
 
 def sigmoid_chain(model: nn.Module) -> list[tuple[str, Weighted]] | None:

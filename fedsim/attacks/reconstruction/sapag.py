@@ -21,47 +21,12 @@ only the images are clamped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Literal
-
 import torch
 
 from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.toolkits.matching import GradientMatchingAttack
-from fedsim.attacks.toolkits.matching_params import MatchingParams
-from fedsim.core.config import require
-
-
-@dataclass(frozen=True)
-class SAPAGParams(MatchingParams):
-    """SAPAG's settings (the rest are documented on :class:`MatchingParams`).
-
-    Attributes
-    ----------
-    depth_decay:
-        ``Q_l = l ** -depth_decay`` for the layer at depth ``l`` (1 = the first
-        layer), i.e. ``1/l`` by default; 0 weighs all layers alike.
-    layer_weights:
-        Explicit ``Q_l`` per depth, first layer first (overrides
-        ``depth_decay``; must cover the deepest layer observed).
-    """
-
-    paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 500, "adamw": 20_000}
-
-    clamp: Literal["off", "step", "iteration"] = "iteration"
-    depth_decay: float = 1.0
-    layer_weights: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.depth_decay >= 0, "depth-decay", self.depth_decay, "must be >= 0")
-        require(
-            all(q > 0 for q in self.layer_weights),
-            "layer-weights",
-            list(self.layer_weights),
-            "must all be > 0",
-        )
+from fedsim.core.params.matching import SAPAGParams
 
 
 @ATTACKS.register("sapag")

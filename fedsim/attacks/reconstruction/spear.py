@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -50,45 +49,8 @@ from fedsim.attacks.toolkits.closed_form import (
     reads_image,
 )
 from fedsim.attacks.toolkits.first_layer import EXACT, FirstLayerAttack, example_labels
-from fedsim.core.config import require
+from fedsim.core.params.analytic import SpearParams
 from fedsim.core.seeds import SeedStream, derive_seed
-
-
-@dataclass(frozen=True)
-class SpearParams:
-    """SPEAR's settings.
-
-    Attributes
-    ----------
-    samples:
-        Most random ``(B - 1)``-unit subsets tried (in chunks of ``chunk``;
-        the search stops once ``B`` directions are found).
-    chunk:
-        Most subsets solved together in one batched SVD (the first chunks are
-        smaller, so small batches stop early).
-    zero_tolerance:
-        An entry of a candidate ``L a`` counts as zero below this fraction of
-        its largest entry (float32 gradients, read in float64).
-    min_sparsity:
-        A candidate is a direction when this share of the units, beyond the
-        ``B - 1`` zeros every candidate has, is zero.
-    """
-
-    samples: int = 200_000
-    chunk: int = 4096
-    zero_tolerance: float = 1e-4
-    min_sparsity: float = 0.1
-
-    def __post_init__(self) -> None:
-        require(self.samples >= 1, "samples", self.samples, "must be >= 1")
-        require(self.chunk >= 1, "chunk", self.chunk, "must be >= 1")
-        require(
-            0 < self.zero_tolerance < 1,
-            "zero-tolerance",
-            self.zero_tolerance,
-            "must be in (0, 1)",
-        )
-        require(0 < self.min_sparsity < 1, "min-sparsity", self.min_sparsity, "must be in (0, 1)")
 
 
 def first_relu_layer(model: nn.Module) -> str | None:

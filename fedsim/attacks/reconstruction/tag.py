@@ -17,7 +17,6 @@ restarts) so that the audit stays cheap; the paper's 1,500+ steps are a paramete
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -31,39 +30,11 @@ from fedsim.attacks.toolkits.text_victim import (
     one_step,
     sent_model,
 )
-from fedsim.core.config import require
 from fedsim.core.models import SplitNet
+from fedsim.core.params.optimising import TagParams
 from fedsim.core.raw import TEXT
 from fedsim.core.threat import ONE_CLIENT
 from fedsim.text.models import TransformerBody
-
-
-@dataclass(frozen=True)
-class TagParams:
-    """TAG's optimisation.
-
-    Attributes
-    ----------
-    steps:
-        Adam steps (the paper runs thousands; fedsim's default keeps an audit cheap).
-    lr:
-        Adam's learning rate on the token logits.
-    alpha:
-        Weight of the L1 term of the distance.
-    init_scale:
-        Standard deviation of the initial token logits.
-    """
-
-    steps: int = 100
-    lr: float = 0.1
-    alpha: float = 0.01
-    init_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        require(self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        require(self.alpha >= 0, "alpha", self.alpha, "must be >= 0")
-        require(self.init_scale > 0, "init-scale", self.init_scale, "must be > 0")
 
 
 def soft_forward(body: TransformerBody, soft: torch.Tensor) -> torch.Tensor:

@@ -55,52 +55,8 @@ from fedsim.attacks.toolkits.first_layer import (
     example_labels,
     first_linear_layer,
 )
-from fedsim.core.config import require
+from fedsim.core.params.analytic import BoxVerticesParams
 from fedsim.core.seeds import SeedStream, derive_seed
-
-
-@dataclass(frozen=True)
-class BoxVerticesParams:
-    """``box-vertices``' settings.
-
-    Attributes
-    ----------
-    programmes_per_example:
-        Most linear programmes solved, per example of the batch (each with a
-        random objective; the search stops once every example is found).
-    saturated:
-        Share of the pixels a vertex must have on the box's faces (at the
-        model-space value of 0 or 1) to count as an image, among the pixels
-        that differ within the batch (those the same in every image, such as
-        a digit's empty border, are on a face at every point of the span).
-    slack:
-        How far outside the box a pixel may lie, in pixel units (a float32
-        upload ``w - lr g`` reads the gradient with rounding error).
-    duplicate:
-        Two vertices whose above-floor parts have at least this cosine are
-        one image (the one with more saturated pixels is kept).
-
-    Measured on ``mlp-2nn`` FedSGD uploads of real test digits (one thread,
-    seeds 0-2): batches of 16, 15-16 of 16 images exact (87-120 dB) from
-    44-69 programmes in 0.8-1.6 s; batches of 32, 22-28 of 32 at 20 dB or
-    more from 217-320 programmes in 8-18 s.
-    """
-
-    programmes_per_example: int = 10
-    saturated: float = 0.25
-    slack: float = 1e-4
-    duplicate: float = 0.95
-
-    def __post_init__(self) -> None:
-        require(
-            self.programmes_per_example >= 1,
-            "programmes-per-example",
-            self.programmes_per_example,
-            "must be >= 1",
-        )
-        require(0 < self.saturated < 1, "saturated", self.saturated, "must be in (0, 1)")
-        require(self.slack >= 0, "slack", self.slack, "must be >= 0")
-        require(0 < self.duplicate < 1, "duplicate", self.duplicate, "must be in (0, 1)")
 
 
 @dataclass

@@ -27,50 +27,9 @@ lowest finite one is kept, not converged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from fedsim.core.config import require
-
-
-@dataclass(frozen=True)
-class ConvergenceRule:
-    """The stall rule's window and tolerance.
-
-    Attributes
-    ----------
-    window:
-        Steps over which the best objective must improve; ``None`` takes a
-        tenth of the budget (at least :data:`MIN_WINDOW`).
-    rtol:
-        The relative improvement over a window below which a row has stalled.
-    early_stop:
-        End the optimisation once every live row has stalled.
-    failure_ratio:
-        A stalled row whose best objective is still above this fraction of
-        its starting objective has stalled at a failure, not converged.
-    """
-
-    window: int | None = None
-    rtol: float = 1e-3
-    early_stop: bool = True
-    failure_ratio: float = 0.5
-
-    def __post_init__(self) -> None:
-        require(self.window is None or self.window >= 1, "window", self.window, "must be >= 1")
-        require(0 <= self.rtol < 1, "rtol", self.rtol, "must be in [0, 1)")
-        require(
-            0 < self.failure_ratio <= 1, "failure-ratio", self.failure_ratio, "must be in (0, 1]"
-        )
-
-    def steps_in_window(self, budget: int) -> int:
-        """The window for an optimisation of ``budget`` steps."""
-        return self.window if self.window is not None else max(MIN_WINDOW, budget // 10)
-
-
-MIN_WINDOW = 5
-
+from fedsim.core.params.optimising import ConvergenceRule
 
 StopReason = str
 """``converged``, ``stalled-at-failure``, ``still-improving`` or ``diverged``."""

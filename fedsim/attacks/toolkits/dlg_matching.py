@@ -9,18 +9,11 @@ loop's hooks (:mod:`fedsim.attacks.toolkits.matching`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.toolkits.matching import GradientMatchingAttack
-from fedsim.attacks.toolkits.matching_params import MatchingParams
-
-
-@dataclass(frozen=True)
-class DLGParams(MatchingParams):
-    """DLG's settings: :class:`MatchingParams`, whose defaults are DLG's."""
+from fedsim.core.params.matching import DLGParams
 
 
 class DLGMatching(GradientMatchingAttack):

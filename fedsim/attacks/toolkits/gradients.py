@@ -6,8 +6,6 @@ Everything here reads only an :class:`~fedsim.attacks.base.Observation`.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,27 +13,9 @@ from torch.func import functional_call
 
 from fedsim.attacks.base import Observation
 from fedsim.core.models import SplitNet, batchnorm_counts, batchnorm_layers, build_model
+from fedsim.core.params.matching import BatchNormKnowledge
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.threat import SharedKind
-
-BatchNormKnowledge = Literal["none", "buffers", "known"]
-"""What the attacker knows of the statistics a victim's BatchNorm layers used.
-
-A client trains in train mode, so each BatchNorm layer normalises with its
-batch's own mean and variance and the gradient flows through them: the
-attacker's model of an update therefore always normalises the dummy batch
-with the dummy's own statistics (an eval-mode forward with the true
-statistics gives the same outputs but other parameter gradients). What it
-knows of the true statistics becomes a prior pulling the dummy's statistics
-towards them (Huang et al. 2021's BatchNorm-statistics term):
-``none``: no prior. ``buffers``: read back from the running buffers the
-client uploaded (FedAvg uploads them with the weights): exact after one local
-step, the steps' average after several. ``known``: given the batch's
-statistics (the strongest attacker of Huang et al. 2021; the audit hands
-them over only when an attack asks for this). A probe gradient is computed in
-eval mode with the buffers the server sent, which the attacker then uses
-whatever it asks for.
-"""
 
 
 def victim_model(

@@ -11,8 +11,7 @@ registers it as it is; ``ig-defence-aware`` extends it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -21,52 +20,14 @@ from fedsim.attacks.presets import StepCaps
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.toolkits.gradients import local_steps_taken
 from fedsim.attacks.toolkits.matching import GradientMatchingAttack
-from fedsim.attacks.toolkits.matching_params import MatchingParams, OptimizerName
 from fedsim.attacks.toolkits.matching_problem import (
     MatchingProblem,
     replay_local_training,
     require_replayable,
 )
 from fedsim.attacks.toolkits.replay import replays_updates
-from fedsim.core.config import require
+from fedsim.core.params.matching import InvertingGradientsParams
 from fedsim.core.threat import SharedKind
-
-
-@dataclass(frozen=True)
-class InvertingGradientsParams(MatchingParams):
-    """Inverting Gradients' settings on top of :class:`MatchingParams`.
-
-    Attributes
-    ----------
-    tv_weight:
-        alpha, the weight of the total-variation prior.
-    layer_weights:
-        ``equal``, or ``linear`` (layer ``l`` of ``L`` weighted ``(L - l + 1) / L``:
-        the first layers count most, as ``inversefed``'s ``linear``).
-    cosine:
-        ``joint``: one cosine over all layers (the authors' code);
-        ``per-layer``: the weighted sum of per-layer cosine distances.
-    unroll:
-        Replay the client's local steps against a multi-step update (else
-        read the update as one large-batch gradient).
-    """
-
-    steps: int | None = 4800
-    optimizer: OptimizerName = "adamw"
-    lr: float | None = 0.1
-    weight_decay: float = 0.0
-    signed_gradient: bool = True
-    step_decay: bool = True
-    clamp: Literal["off", "step", "iteration"] = "iteration"
-    labels: Literal["joint", "infer"] = "infer"
-    tv_weight: float = 0.1
-    layer_weights: Literal["equal", "linear"] = "equal"
-    cosine: Literal["joint", "per-layer"] = "joint"
-    unroll: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.tv_weight >= 0, "tv-weight", self.tv_weight, "must be >= 0")
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:

@@ -37,9 +37,9 @@ from torch.func import functional_call
 
 from fedsim.attacks.base import Observation
 from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
-from fedsim.core.config import ModelConfig, require
+from fedsim.core.config import ModelConfig
 from fedsim.core.models import InputSpec, build_model
-from fedsim.core.params.leaks import BatchLabels
+from fedsim.core.params.labels import BatchLabels
 from fedsim.core.seeds import SeedStream, derive_seed
 
 DUMMY_INPUTS = 64
@@ -159,16 +159,6 @@ def ilrg_labels(observation: Observation, device: torch.device) -> torch.Tensor:
         else:
             counts[(solution - counts).topk(min(-excess, len(counts))).indices] += 1
     return torch.repeat_interleave(classes, counts.long()).sort().values
-
-
-def require_inferred(labels: str, batch_labels: BatchLabels) -> None:
-    """Refuse a batch reading other than the default for labels that are not inferred."""
-    require(
-        batch_labels == "count" or labels == "infer",
-        "batch-labels",
-        batch_labels,
-        f"reads inferred labels; labels = {labels!r} does not infer them (set labels = 'infer')",
-    )
 
 
 def label_method(observation: Observation, batch_labels: BatchLabels = "count") -> str:

@@ -43,7 +43,6 @@ from fedsim.attacks.toolkits.gradients import (
     victim_model,
 )
 from fedsim.attacks.toolkits.labels import infer_labels, label_method
-from fedsim.attacks.toolkits.matching_params import MatchingParams
 from fedsim.attacks.toolkits.matching_problem import (
     BATCHNORM_PRIOR,
     LocalSchedule,
@@ -53,6 +52,7 @@ from fedsim.attacks.toolkits.matching_problem import (
     model_loss,
 )
 from fedsim.attacks.toolkits.optim import BatchedAdamW, BatchedLBFGS, BatchedOptimizer
+from fedsim.core.params.matching import MatchingParams
 from fedsim.core.seeds import SeedStream, derive_seed
 
 

@@ -10,11 +10,9 @@ from annotated_types import Ge, Gt, Interval
 from fedsim.core.bounds import Bounded
 from fedsim.core.errors import require
 from fedsim.core.params import Schemas
+from fedsim.core.params.labels import BatchLabels
 
 LEAK_PARAMS = Schemas("leak analysis", group="fedsim.leaks")
-
-BatchLabels = Literal["count", "ilrg"]
-"""How a batch's labels are read off the output layer: bias-corrected counting or iLRG."""
 
 Link = Literal["softmax", "linear"]
 """How ``shadow-labels`` maps its features to class shares."""
