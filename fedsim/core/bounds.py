@@ -27,11 +27,19 @@ _UPPER = {at.Le: ("]", "<="), at.Lt: (")", "<")}
 
 @functools.cache
 def _bounds(cls: type) -> tuple[tuple[str, tuple[Any, ...], tuple[Any, ...]], ...]:
-    """Per field of ``cls`` with a bound: its name, its metadata and its Literal choices."""
-    hints = typing.get_type_hints(cls, include_extras=True)
+    """Per field of ``cls`` with a bound: its name, its metadata and its Literal choices.
+
+    A subclass that redeclares a field (a new default) keeps the bounds a base declared."""
+    own_hints = [
+        (vars(klass).get("__annotations__", {}), typing.get_type_hints(klass, include_extras=True))
+        for klass in cls.__mro__
+        if dataclasses.is_dataclass(klass)
+    ]
     found = []
     for field in dataclasses.fields(cls):
-        hint = hints[field.name]
+        declared = [hints[field.name] for own, hints in own_hints if field.name in own]
+        annotated = [h for h in declared if get_origin(h) is typing.Annotated]
+        hint = (annotated or declared)[0]
         metadata: tuple[Any, ...] = ()
         if get_origin(hint) is typing.Annotated:
             hint, *extra = get_args(hint)

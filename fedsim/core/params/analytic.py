@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-from fedsim.core.errors import require
+from annotated_types import Ge, Gt, Interval
+
+from fedsim.core.bounds import Bounded
 from fedsim.core.params.attacks import ATTACK_PARAMS
 from fedsim.core.params.optimising import require_restarts
 
 
 @ATTACK_PARAMS.register("adam-signs")
 @dataclass(frozen=True)
-class AdamSignsParams:
+class AdamSignsParams(Bounded):
     """``adam-signs``' settings.
 
     Attributes
@@ -28,17 +31,13 @@ class AdamSignsParams:
         that the prior had; 50 put 23 at 30 dB or more and lost none; 100, 10.
     """
 
-    tolerance: float = 0.02
-    min_snr: float = 50.0
-
-    def __post_init__(self) -> None:
-        require(0 < self.tolerance < 1, "tolerance", self.tolerance, "must be in (0, 1)")
-        require(self.min_snr > 0, "min-snr", self.min_snr, "must be > 0")
+    tolerance: Annotated[float, Interval(gt=0, lt=1)] = 0.02
+    min_snr: Annotated[float, Gt(0)] = 50.0
 
 
 @ATTACK_PARAMS.register("analytic-fc")
 @dataclass(frozen=True)
-class AnalyticFCParams:
+class AnalyticFCParams(Bounded):
     """``analytic-fc``'s settings.
 
     Attributes
@@ -64,19 +63,14 @@ class AnalyticFCParams:
     """
 
     layer: str = "auto"
-    row_floor: float = 1e-4
-    inversion_steps: int = 1000
-    inversion_lr: float = 0.2
-
-    def __post_init__(self) -> None:
-        require(0 <= self.row_floor < 1, "row-floor", self.row_floor, "must be in [0, 1)")
-        require(self.inversion_steps >= 0, "inversion-steps", self.inversion_steps, "must be >= 0")
-        require(self.inversion_lr > 0, "inversion-lr", self.inversion_lr, "must be > 0")
+    row_floor: Annotated[float, Interval(ge=0, lt=1)] = 1e-4
+    inversion_steps: Annotated[int, Ge(0)] = 1000
+    inversion_lr: Annotated[float, Gt(0)] = 0.2
 
 
 @ATTACK_PARAMS.register("cocktail-party")
 @dataclass(frozen=True)
-class CocktailPartyParams:
+class CocktailPartyParams(Bounded):
     """``cocktail-party``'s settings (the paper's FC-2 on Tiny-ImageNet by default).
 
     Attributes
@@ -106,31 +100,24 @@ class CocktailPartyParams:
         optimisation has stalled (and stops); 0 never stops early.
     """
 
-    steps: int = 25_000
-    lr: float = 1e-3
-    lambda_tv: float = 3.1
-    lambda_mi: float = 1.47
-    temperature: float = 12.4
-    lambda_ne: float = 1.0
-    negentropy_a: float = 1.0
+    steps: Annotated[int, Ge(1)] = 25_000
+    lr: Annotated[float, Gt(0)] = 1e-3
+    lambda_tv: Annotated[float, Ge(0)] = 3.1
+    lambda_mi: Annotated[float, Ge(0)] = 1.47
+    temperature: Annotated[float, Gt(0)] = 12.4
+    lambda_ne: Annotated[float, Ge(0)] = 1.0
+    negentropy_a: Annotated[float, Interval(ge=1, le=2)] = 1.0
     restarts: int = 1
-    stall_rtol: float = 1e-4
+    stall_rtol: Annotated[float, Interval(ge=0, lt=1)] = 1e-4
 
     def __post_init__(self) -> None:
-        require(self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        require(self.lambda_tv >= 0, "lambda-tv", self.lambda_tv, "must be >= 0")
-        require(self.lambda_mi >= 0, "lambda-mi", self.lambda_mi, "must be >= 0")
-        require(self.temperature > 0, "temperature", self.temperature, "must be > 0")
-        require(self.lambda_ne >= 0, "lambda-ne", self.lambda_ne, "must be >= 0")
-        require(1 <= self.negentropy_a <= 2, "negentropy-a", self.negentropy_a, "must be in [1, 2]")
+        super().__post_init__()
         require_restarts(self.restarts)
-        require(0 <= self.stall_rtol < 1, "stall-rtol", self.stall_rtol, "must be in [0, 1)")
 
 
 @ATTACK_PARAMS.register("rgap")
 @dataclass(frozen=True)
-class RGAPParams:
+class RGAPParams(Bounded):
     """R-GAP's settings.
 
     Attributes
@@ -143,22 +130,13 @@ class RGAPParams:
         layer's rank.
     """
 
-    row_floor: float = 1e-4
-    rank_tolerance: float = 1e-9
-
-    def __post_init__(self) -> None:
-        require(0 <= self.row_floor < 1, "row-floor", self.row_floor, "must be in [0, 1)")
-        require(
-            0 < self.rank_tolerance < 1,
-            "rank-tolerance",
-            self.rank_tolerance,
-            "must be in (0, 1)",
-        )
+    row_floor: Annotated[float, Interval(ge=0, lt=1)] = 1e-4
+    rank_tolerance: Annotated[float, Interval(gt=0, lt=1)] = 1e-9
 
 
 @ATTACK_PARAMS.register("spear")
 @dataclass(frozen=True)
-class SpearParams:
+class SpearParams(Bounded):
     """SPEAR's settings.
 
     Attributes
@@ -177,26 +155,15 @@ class SpearParams:
         ``B - 1`` zeros every candidate has, is zero.
     """
 
-    samples: int = 200_000
-    chunk: int = 4096
-    zero_tolerance: float = 1e-4
-    min_sparsity: float = 0.1
-
-    def __post_init__(self) -> None:
-        require(self.samples >= 1, "samples", self.samples, "must be >= 1")
-        require(self.chunk >= 1, "chunk", self.chunk, "must be >= 1")
-        require(
-            0 < self.zero_tolerance < 1,
-            "zero-tolerance",
-            self.zero_tolerance,
-            "must be in (0, 1)",
-        )
-        require(0 < self.min_sparsity < 1, "min-sparsity", self.min_sparsity, "must be in (0, 1)")
+    samples: Annotated[int, Ge(1)] = 200_000
+    chunk: Annotated[int, Ge(1)] = 4096
+    zero_tolerance: Annotated[float, Interval(gt=0, lt=1)] = 1e-4
+    min_sparsity: Annotated[float, Interval(gt=0, lt=1)] = 0.1
 
 
 @ATTACK_PARAMS.register("box-vertices")
 @dataclass(frozen=True)
-class BoxVerticesParams:
+class BoxVerticesParams(Bounded):
     """``box-vertices``' settings.
 
     Attributes
@@ -222,21 +189,10 @@ class BoxVerticesParams:
     more from 217-320 programmes in 8-18 s.
     """
 
-    programmes_per_example: int = 10
-    saturated: float = 0.25
-    slack: float = 1e-4
-    duplicate: float = 0.95
-
-    def __post_init__(self) -> None:
-        require(
-            self.programmes_per_example >= 1,
-            "programmes-per-example",
-            self.programmes_per_example,
-            "must be >= 1",
-        )
-        require(0 < self.saturated < 1, "saturated", self.saturated, "must be in (0, 1)")
-        require(self.slack >= 0, "slack", self.slack, "must be >= 0")
-        require(0 < self.duplicate < 1, "duplicate", self.duplicate, "must be in (0, 1)")
+    programmes_per_example: Annotated[int, Ge(1)] = 10
+    saturated: Annotated[float, Interval(gt=0, lt=1)] = 0.25
+    slack: Annotated[float, Ge(0)] = 1e-4
+    duplicate: Annotated[float, Interval(gt=0, lt=1)] = 0.95
 
 
 @ATTACK_PARAMS.register("dager")

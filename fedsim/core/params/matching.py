@@ -5,8 +5,11 @@ extend it: ``dlg``, ``inverting-gradients``, ``sapag``, ``fedavg-leakage``, ``al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
+from annotated_types import Ge, Gt, Interval
+
+from fedsim.core.bounds import Bounded
 from fedsim.core.errors import require
 from fedsim.core.params.attacks import ATTACK_PARAMS
 from fedsim.core.params.labels import BatchLabels, require_inferred
@@ -39,7 +42,7 @@ DEFAULT_LR: dict[str, float] = {"lbfgs": 1.0, "adamw": 1e-3}
 
 
 @dataclass(frozen=True)
-class MatchingParams:
+class MatchingParams(Bounded):
     """Hyper-parameters every gradient-matching attack takes.
 
     Attributes
@@ -97,42 +100,27 @@ class MatchingParams:
     paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 300, "adamw": 20_000}
 
     restarts: int = 4
-    steps: int | None = None
+    steps: Annotated[int | None, Ge(1)] = None
     optimizer: OptimizerName = "lbfgs"
-    lr: float | None = None
-    lbfgs_iterations: int = 20
-    history_size: int = 100
-    weight_decay: float = 0.01
+    lr: Annotated[float | None, Gt(0)] = None
+    lbfgs_iterations: Annotated[int, Ge(1)] = 20
+    history_size: Annotated[int, Ge(1)] = 100
+    weight_decay: Annotated[float, Ge(0)] = 0.01
     dummy_init: Literal["normal", "uniform", "constant"] = "normal"
-    dummy_constant: float = 0.5
+    dummy_constant: Annotated[float, Interval(ge=0, le=1)] = 0.5
     clamp: Literal["off", "step", "iteration"] = "off"
     labels: Literal["joint", "infer"] = "joint"
     batch_labels: BatchLabels = "count"
     signed_gradient: bool = False
     step_decay: bool = False
     batchnorm: BatchNormKnowledge = "none"
-    batchnorm_weight: float = 0.01
+    batchnorm_weight: Annotated[float, Ge(0)] = 0.01
     convergence: ConvergenceRule = field(default_factory=ConvergenceRule)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_restarts(self.restarts)
         require_inferred(self.labels, self.batch_labels)
-        require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr is None or self.lr > 0, "lr", self.lr, "must be > 0")
-        require(
-            self.lbfgs_iterations >= 1, "lbfgs-iterations", self.lbfgs_iterations, "must be >= 1"
-        )
-        require(self.history_size >= 1, "history-size", self.history_size, "must be >= 1")
-        require(self.weight_decay >= 0, "weight-decay", self.weight_decay, "must be >= 0")
-        require(
-            self.batchnorm_weight >= 0, "batchnorm-weight", self.batchnorm_weight, "must be >= 0"
-        )
-        require(
-            0 <= self.dummy_constant <= 1,
-            "dummy-constant",
-            self.dummy_constant,
-            "must be in [0, 1]",
-        )
 
     @property
     def step_count(self) -> int:
@@ -179,14 +167,10 @@ class InvertingGradientsParams(MatchingParams):
     step_decay: bool = True
     clamp: Literal["off", "step", "iteration"] = "iteration"
     labels: Literal["joint", "infer"] = "infer"
-    tv_weight: float = 0.1
+    tv_weight: Annotated[float, Ge(0)] = 0.1
     layer_weights: Literal["equal", "linear"] = "equal"
     cosine: Literal["joint", "per-layer"] = "joint"
     unroll: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.tv_weight >= 0, "tv-weight", self.tv_weight, "must be >= 0")
 
 
 @ATTACK_PARAMS.register("sapag")
@@ -207,12 +191,11 @@ class SAPAGParams(MatchingParams):
     paper_steps: ClassVar[dict[str, int]] = {"lbfgs": 500, "adamw": 20_000}
 
     clamp: Literal["off", "step", "iteration"] = "iteration"
-    depth_decay: float = 1.0
+    depth_decay: Annotated[float, Ge(0)] = 1.0
     layer_weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(self.depth_decay >= 0, "depth-decay", self.depth_decay, "must be >= 0")
         require(
             all(q > 0 for q in self.layer_weights),
             "layer-weights",
@@ -242,20 +225,9 @@ class FedAvgLeakageParams(MatchingParams):
 
     clamp: Literal["off", "step", "iteration"] = "iteration"
     dummy_init: Literal["normal", "uniform", "constant"] = "uniform"
-    epoch_prior: float = 1e-2
-    label_count_weight: float = 1e-2
-    adam_smoothing: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.epoch_prior >= 0, "epoch-prior", self.epoch_prior, "must be >= 0")
-        require(
-            self.label_count_weight >= 0,
-            "label-count-weight",
-            self.label_count_weight,
-            "must be >= 0",
-        )
-        require(self.adam_smoothing >= 0, "adam-smoothing", self.adam_smoothing, "must be >= 0")
+    epoch_prior: Annotated[float, Ge(0)] = 1e-2
+    label_count_weight: Annotated[float, Ge(0)] = 1e-2
+    adam_smoothing: Annotated[float, Ge(0)] = 1.0
 
 
 @ATTACK_PARAMS.register("aligned-dlg")
@@ -263,16 +235,12 @@ class FedAvgLeakageParams(MatchingParams):
 class AlignedDLGParams(DLGParams):
     """DLG's settings plus the alignment weight lambda; labels are inferred."""
 
-    alignment_weight: float = 1.0
-    codes: int = 64
+    alignment_weight: Annotated[float, Ge(0)] = 1.0
+    codes: Annotated[int, Ge(1)] = 64
     labels: Literal["joint", "infer"] = "infer"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(
-            self.alignment_weight >= 0, "alignment-weight", self.alignment_weight, "must be >= 0"
-        )
-        require(self.codes >= 1, "codes", self.codes, "must be >= 1")
         require(
             self.labels == "infer", "labels", self.labels, "must be 'infer' (G_i needs classes)"
         )
@@ -285,7 +253,7 @@ MODELLED: tuple[str, ...] = ("soteria", "prune", "quantize")
 
 
 @dataclass(frozen=True)
-class DefenceModel:
+class DefenceModel(Bounded):
     """The defence the attacker models, with the parameters it knows.
 
     Attributes
@@ -302,15 +270,15 @@ class DefenceModel:
 
     defence: DefenceName = "soteria"
     scope: Literal["layer", "global"] = "layer"
-    bits: int = 8
+    bits: Annotated[int, Interval(ge=2, le=16)] = 8
     half: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(self.defence in MODELLED, "defence", self.defence, f"must be one of {MODELLED}")
         require(
             self.scope in ("layer", "global"), "scope", self.scope, 'must be "layer" or "global"'
         )
-        require(2 <= self.bits <= 16, "bits", self.bits, "must be in [2, 16]")
 
 
 @ATTACK_PARAMS.register("dlg-defence-aware")

@@ -4,8 +4,11 @@ of the optimising attacks outside the matching toolkit (``grnn``, ``tag``), by n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+from annotated_types import Ge, Gt, Interval
+
+from fedsim.core.bounds import Bounded
 from fedsim.core.errors import require
 from fedsim.core.params.attacks import ATTACK_PARAMS
 from fedsim.core.params.labels import BatchLabels, require_inferred
@@ -25,7 +28,7 @@ def require_restarts(restarts: int) -> None:
 
 
 @dataclass(frozen=True)
-class ConvergenceRule:
+class ConvergenceRule(Bounded):
     """The stall rule's window and tolerance.
 
     Attributes
@@ -42,17 +45,10 @@ class ConvergenceRule:
         its starting objective has stalled at a failure, not converged.
     """
 
-    window: int | None = None
-    rtol: float = 1e-3
+    window: Annotated[int | None, Ge(1)] = None
+    rtol: Annotated[float, Interval(ge=0, lt=1)] = 1e-3
     early_stop: bool = True
-    failure_ratio: float = 0.5
-
-    def __post_init__(self) -> None:
-        require(self.window is None or self.window >= 1, "window", self.window, "must be >= 1")
-        require(0 <= self.rtol < 1, "rtol", self.rtol, "must be in [0, 1)")
-        require(
-            0 < self.failure_ratio <= 1, "failure-ratio", self.failure_ratio, "must be in (0, 1]"
-        )
+    failure_ratio: Annotated[float, Interval(gt=0, le=1)] = 0.5
 
     def steps_in_window(self, budget: int) -> int:
         """The window for an optimisation of ``budget`` steps."""
@@ -67,7 +63,7 @@ WassersteinReading = Literal["l2", "sorted"]
 
 @ATTACK_PARAMS.register("grnn")
 @dataclass(frozen=True)
-class GRNNParams:
+class GRNNParams(Bounded):
     """GRNN's hyper-parameters; the defaults are the paper's LeNet settings.
 
     Attributes
@@ -102,11 +98,11 @@ class GRNNParams:
         (:mod:`fedsim.attacks.toolkits.convergence`), on the full loss per step.
     """
 
-    steps: int = 1000
-    lr: float = 1e-4
-    momentum: float = 0.99
+    steps: Annotated[int, Ge(1)] = 1000
+    lr: Annotated[float, Gt(0)] = 1e-4
+    momentum: Annotated[float, Interval(ge=0, lt=1)] = 0.99
     wasserstein: WassersteinReading = "l2"
-    tv_weight: float | None = None
+    tv_weight: Annotated[float | None, Ge(0)] = None
     latent_dim: int = 128
     width: int = 32
     restarts: int = 1
@@ -115,15 +111,7 @@ class GRNNParams:
     convergence: ConvergenceRule = field(default_factory=ConvergenceRule)
 
     def __post_init__(self) -> None:
-        require(self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        require(
-            self.tv_weight is None or self.tv_weight >= 0,
-            "tv-weight",
-            self.tv_weight,
-            "must be >= 0",
-        )
+        super().__post_init__()
         # The generator's size grows with both (width squared): bounded so a typo is refused.
         require(1 <= self.latent_dim <= 4096, "latent-dim", self.latent_dim, "must be in 1..4096")
         require(1 <= self.width <= 1024, "width", self.width, "must be in 1..1024")
@@ -138,7 +126,7 @@ class GRNNParams:
 
 @ATTACK_PARAMS.register("tag")
 @dataclass(frozen=True)
-class TagParams:
+class TagParams(Bounded):
     """TAG's optimisation.
 
     Attributes
@@ -153,13 +141,7 @@ class TagParams:
         Standard deviation of the initial token logits.
     """
 
-    steps: int = 100
-    lr: float = 0.1
-    alpha: float = 0.01
-    init_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        require(self.steps >= 1, "steps", self.steps, "must be >= 1")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        require(self.alpha >= 0, "alpha", self.alpha, "must be >= 0")
-        require(self.init_scale > 0, "init-scale", self.init_scale, "must be > 0")
+    steps: Annotated[int, Ge(1)] = 100
+    lr: Annotated[float, Gt(0)] = 0.1
+    alpha: Annotated[float, Ge(0)] = 0.01
+    init_scale: Annotated[float, Gt(0)] = 1.0
