@@ -167,15 +167,19 @@ def test_an_overfitting_client_without_defence_gives_an_epsilon_above_zero(
     metrics, leaks, summary = audited_run(canary_table(seed), tmp_path)
 
     epsilon = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL].iloc[0])
-    assert epsilon > 1.0
+    fdp = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL_FDP].iloc[0])
+    assert epsilon > 1.0 and fdp > 1.0
     canary_row = leaks[leaks["client"] == 0].iloc[0]
     assert canary_row["epsilon-empirical"] == epsilon and canary_row["candidates"] == 100
+    assert canary_row["epsilon-empirical-fdp"] == fdp and canary_row["mu-empirical-fdp"] > 0
     assert canary_row["membership-auc"] > 0.9
     assert leaks[leaks["client"] == 1]["epsilon-empirical"].isna().all()
+    assert leaks[leaks["client"] == 1]["epsilon-empirical-fdp"].isna().all()
     assert (
         f"empirical epsilon (canaries, one-run audit, 95 % per round): highest {epsilon:.3g}"
         in (summary)
     )
+    assert f"f-DP (mu-GDP) on the same scores: highest {fdp:.3g}" in summary
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -190,8 +194,10 @@ def test_dp_sgd_at_large_noise_keeps_the_empirical_epsilon_under_the_accountants
     metrics, _, summary = audited_run(canary_table(seed, defences=defence), tmp_path)  # type: ignore[arg-type]
 
     empirical = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL].iloc[0])
+    fdp = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL_FDP].iloc[0])
     accountant = float(metrics[protocol.DP_EPSILON].iloc[0])
     assert 0.0 <= empirical <= accountant
+    assert 0.0 <= fdp <= accountant  # the f-DP bound at the same delta
     assert f"the accountant's dp-epsilon then {accountant:.3g}" in summary
 
 
