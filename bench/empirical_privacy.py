@@ -32,7 +32,11 @@ Measured (commit 771fd53's code, 2 cores, load 2.4-3.8 beside one other job; tab
 they say in docs/leaks.md): user level at noise 0.5 / 1 / 2 / 4, accountant 30.1 / 12.3 /
 5.38 / 2.45, exact Gaussian 28.4 / 11.5 / 4.98 / 2.26, canary estimates 28.3-29.6 /
 11.5-12.7 / 4.91-5.97 / 2.14-3.11 over seeds 0-2; record level, no defence 1.68-2.34, DP-SGD
-0.5 / 1 / 2 (accountant 149-164 / 40.6-45.1 / 14.4-16.0) 0 on every seed.
+0.5 / 1 / 2 (accountant 149-164 / 40.6-45.1 / 14.4-16.0) 0 on every seed. The f-DP bound
+(commit 6a11afa, load 4-6): no defence 2.99 / 4.31 / 3.50 on seeds 0-2 (at delta 1e-5),
+DP-SGD 0.1 / 0.25 / 0.5 / 1 / 2 0 on every seed, as Steinke et al.'s; Gaussian, 1,000
+canaries, mu 0.5 / 1 / 2 / 4: Steinke 0.37-0.84 / 1.64-1.69 / 2.99-3.70 / 4.62, f-DP
+0.52-1.05 / 2.21-2.38 / 4.46-5.88 / 7.97, exact 1.99 / 4.38 / 10.0 / 24.4.
 """
 
 from __future__ import annotations
