@@ -163,19 +163,24 @@ def test_an_overfitting_client_without_defence_gives_an_epsilon_above_zero(
 ) -> None:
     """100 canaries, 60 epochs on 20 digits and the canaries it drew: measured epsilon
     1.68 / 2.34 / 1.94 on seeds 0 / 1 / 2 (loss-drop AUC on the canaries 0.963 / 0.967 /
-    0.961; at 30 epochs 0.77 / 0.00 / 0.37, so 60)."""
+    0.961; at 30 epochs 0.77 / 0.00 / 0.37, so 60); the f-DP bound 2.99 / 4.31 / 3.50 at
+    delta 1e-5 (mu 0.717 / 0.986 / 0.823; 4.31 is 100 canaries' most: every guess right)."""
     metrics, leaks, summary = audited_run(canary_table(seed), tmp_path)
 
     epsilon = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL].iloc[0])
-    assert epsilon > 1.0
+    fdp = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL_FDP].iloc[0])
+    assert epsilon > 1.0 and fdp > 1.0
     canary_row = leaks[leaks["client"] == 0].iloc[0]
     assert canary_row["epsilon-empirical"] == epsilon and canary_row["candidates"] == 100
+    assert canary_row["epsilon-empirical-fdp"] == fdp and canary_row["mu-empirical-fdp"] > 0
     assert canary_row["membership-auc"] > 0.9
     assert leaks[leaks["client"] == 1]["epsilon-empirical"].isna().all()
+    assert leaks[leaks["client"] == 1]["epsilon-empirical-fdp"].isna().all()
     assert (
         f"empirical epsilon (canaries, one-run audit, 95 % per round): highest {epsilon:.3g}"
         in (summary)
     )
+    assert f"f-DP (mu-GDP) on the same scores: highest {fdp:.3g}" in summary
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -185,13 +190,16 @@ def test_dp_sgd_at_large_noise_keeps_the_empirical_epsilon_under_the_accountants
     """dp-sgd, noise multiplier 2, clip 1, delta 1e-5, else as above: measured empirical
     epsilon 0.0 on seeds 0 / 1 / 2 (AUC 0.62 / 0.60 / 0.59) against the accountant's
     14.4 / 16.0 / 14.4 (metrics.csv's dp-epsilon, the round's clients' weighted mean;
-    at noise 0.5 the empirical is still 0.0 against 149-164)."""
+    at noise 0.5 the empirical is still 0.0 against 149-164); the f-DP bound 0.0 on every
+    seed too (mu 0)."""
     defence = [{"name": "dp-sgd", "noise-multiplier": 2.0, "max-grad-norm": 1.0}]
     metrics, _, summary = audited_run(canary_table(seed, defences=defence), tmp_path)  # type: ignore[arg-type]
 
     empirical = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL].iloc[0])
+    fdp = float(metrics[protocol.AUDIT_EPSILON_EMPIRICAL_FDP].iloc[0])
     accountant = float(metrics[protocol.DP_EPSILON].iloc[0])
     assert 0.0 <= empirical <= accountant
+    assert 0.0 <= fdp <= accountant  # the f-DP bound at the same delta
     assert f"the accountant's dp-epsilon then {accountant:.3g}" in summary
 
 

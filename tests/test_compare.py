@@ -392,7 +392,14 @@ def test_the_table_sets_both_epsilons_and_the_other_kinds_side_by_side(tmp_path:
     verdicts reach the compare table."""
     rows = []
     for label, metrics in (
-        ("DP-SGD", {"dp-epsilon": [3.0, 5.0], "audit-epsilon-empirical": [0.4, 0.2]}),
+        (
+            "DP-SGD",
+            {
+                "dp-epsilon": [3.0, 5.0],
+                "audit-epsilon-empirical": [0.4, 0.2],
+                "audit-epsilon-empirical-fdp": [0.5, 0.7],
+            },
+        ),
         ("central DP", {"central-dp-epsilon": [2.0, 2.5]}),
         (
             "canary clients",
@@ -419,6 +426,8 @@ def test_the_table_sets_both_epsilons_and_the_other_kinds_side_by_side(tmp_path:
         "canary clients": 2.5,
     }
     assert table.loc["DP-SGD", "epsilon-empirical-mean"] == 0.4
+    assert table.loc["DP-SGD", "epsilon-empirical-fdp-mean"] == 0.7  # its own highest round
+    assert math.isnan(table.loc["canary clients", "epsilon-empirical-fdp-mean"])
     assert table.loc["canary clients", "epsilon-empirical-mean"] == 1.9
     assert math.isnan(table.loc["central DP", "epsilon-empirical-mean"])
     assert table.loc["DP-SGD", "label-tv-mean"] == pytest.approx(0.2)
@@ -426,5 +435,6 @@ def test_the_table_sets_both_epsilons_and_the_other_kinds_side_by_side(tmp_path:
     assert math.isnan(table.loc["central DP", "label-tv-mean"])  # not audited
     markdown = table_markdown(table.reset_index())
     assert "epsilon (canaries)" in markdown and "0.40" in markdown
+    assert "epsilon (canaries, f-DP)" in markdown and "0.70" in markdown
     assert "labels TV" in markdown and "membership AUC" in markdown
     assert "representatives SSIM" not in markdown  # no run analysed them

@@ -22,6 +22,7 @@ from fedsim.attacks.leakage import (
 )
 from fedsim.core.components import Resolved
 from fedsim.core.empirical_privacy import empirical_epsilon
+from fedsim.core.fdp_one_run import DEFAULT_DELTA, fdp_epsilon
 from fedsim.core.leak_metrics import (
     score_labels,
     score_membership,
@@ -41,7 +42,8 @@ class LeakTruth:
     ``features``: the victim's own inputs of the layer a representatives
     analysis read, one row per trained example (``None``: not computed);
     ``claim``: the candidates are the one-run audit's canaries and ``members``
-    their coins: the empirical epsilon is computed at this claim.
+    their coins: the empirical epsilon (Steinke et al.'s and the f-DP one) is
+    computed at this claim.
     """
 
     trained: GroundTruth
@@ -142,8 +144,15 @@ def _membership(
     one, tenth = score.tpr_at[0.01], score.tpr_at[0.001]
     if truth.claim is not None:
         claim = truth.claim
-        bound = empirical_epsilon(leak.scores.numpy(), truth.members.numpy(), *astuple(claim))
-        base = replace(base, epsilon_empirical=bound.epsilon)
+        scores, coins = leak.scores.numpy(), truth.members.numpy()
+        bound = empirical_epsilon(scores, coins, *astuple(claim))
+        fdp = fdp_epsilon(scores, coins, claim.confidence, claim.delta or DEFAULT_DELTA)
+        base = replace(
+            base,
+            epsilon_empirical=bound.epsilon,
+            mu_empirical_fdp=fdp.mu,
+            epsilon_empirical_fdp=fdp.epsilon,
+        )
     return replace(
         base,
         membership_auc=score.auc.value,

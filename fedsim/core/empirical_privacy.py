@@ -116,19 +116,16 @@ DEFAULT_SPLITS = (0.02, 0.05, 0.1, 0.2, 0.5)
 """Shares of the canaries guessed, half "in" and half "out" (the paper varies ``k+ = k-``)."""
 
 
-def empirical_epsilon(
+def splits(
     scores: Sequence[float] | np.ndarray,
     included: Sequence[bool] | np.ndarray,
-    confidence: float = 0.95,
-    delta: float = 0.0,
-    shares: Sequence[float] = DEFAULT_SPLITS,
-) -> EmpiricalEpsilon:
-    """The one-run lower bound on epsilon from every canary's score and coin.
-
-    Each share ``s`` in ``shares`` guesses ``s m / 2`` canaries "in" and as many
-    "out"; the best bound over the shares is reported, each computed at
-    significance ``(1 - confidence) / len(shares)``.
-    """
+    confidence: float,
+    delta: float,
+    shares: Sequence[float],
+) -> tuple[list[Guesses], float]:
+    """The guesses of each share in ``shares`` (``s m / 2`` canaries "in" and as many
+    "out") and the significance each is tested at, ``(1 - confidence) / len(shares)``
+    (Bonferroni), after checking the input."""
     score_array = np.asarray(scores, dtype=float)
     coins = np.asarray(included, dtype=bool)
     require(
@@ -145,16 +142,29 @@ def empirical_epsilon(
         tuple(shares),
         "need at least one share in (0, 1]",
     )
-    significance = (1 - confidence) / len(shares)
-    best: tuple[float, Guesses] | None = None
+    found = []
     for share in shares:
         half = max(1, int(share * len(coins) / 2))
-        found = guesses(score_array, coins, half, min(half, len(coins) - half))
-        bound = found.epsilon(significance, delta)
-        if best is None or bound > best[0]:
-            best = (bound, found)
-    assert best is not None  # shares is not empty
-    return EmpiricalEpsilon(best[0], confidence, delta, best[1], len(shares))
+        found.append(guesses(score_array, coins, half, min(half, len(coins) - half)))
+    return found, (1 - confidence) / len(shares)
+
+
+def empirical_epsilon(
+    scores: Sequence[float] | np.ndarray,
+    included: Sequence[bool] | np.ndarray,
+    confidence: float = 0.95,
+    delta: float = 0.0,
+    shares: Sequence[float] = DEFAULT_SPLITS,
+) -> EmpiricalEpsilon:
+    """The one-run lower bound on epsilon from every canary's score and coin.
+
+    Each share ``s`` in ``shares`` guesses ``s m / 2`` canaries "in" and as many
+    "out"; the best bound over the shares is reported, each computed at
+    significance ``(1 - confidence) / len(shares)``.
+    """
+    found, significance = splits(scores, included, confidence, delta, shares)
+    bound, best = max(((g.epsilon(significance, delta), g) for g in found), key=lambda b: b[0])
+    return EmpiricalEpsilon(bound, confidence, delta, best, len(shares))
 
 
 def gaussian_mechanism_delta(epsilon: float, separation: float) -> float:

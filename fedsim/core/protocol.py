@@ -144,6 +144,9 @@ AUDIT_SENTENCES_ROUGE1 = "audit-sentences-rouge1"
 # The one-run audit's lower bound on epsilon from the canary client's canaries (the
 # highest over the membership analyses, each at 1 - 5 % / their number: 95 % jointly).
 AUDIT_EPSILON_EMPIRICAL = "audit-epsilon-empirical"
+# Beside it, the f-DP one-run bound (Mahloujifar et al.) on the same scores: the epsilon
+# of the largest mu-GDP claim rejected, at dp-sgd's delta (else 1e-5), 95 % jointly.
+AUDIT_EPSILON_EMPIRICAL_FDP = "audit-epsilon-empirical-fdp"
 # The counterfactual probe's reconstruction (audit.probe-rounds): its median PSNR over
 # the round's victims with its interval, kept apart from the verdict on what was received.
 AUDIT_COUNTERFACTUAL_PSNR = "audit-counterfactual-psnr"
@@ -153,7 +156,7 @@ AUDIT_LEAK_COLUMNS = (
     *(AUDIT_LABEL_TV, AUDIT_LABEL_TV_LOW, AUDIT_LABEL_TV_HIGH, AUDIT_LABEL_TV_UNIFORM),
     *(AUDIT_MEMBERSHIP_AUC, AUDIT_MEMBERSHIP_AUC_LOW, AUDIT_MEMBERSHIP_AUC_HIGH),
     *(AUDIT_MEMBERSHIP_TPR, AUDIT_REPRESENTATIVES_SSIM, AUDIT_REPRESENTATIVES_COSINE),
-    *(AUDIT_LEAK_CLIENTS, AUDIT_EPSILON_EMPIRICAL),
+    *(AUDIT_LEAK_CLIENTS, AUDIT_EPSILON_EMPIRICAL, AUDIT_EPSILON_EMPIRICAL_FDP),
     *(AUDIT_WORDS_F1, AUDIT_WORDS_F1_LOW, AUDIT_WORDS_F1_HIGH, AUDIT_WORDS_PRIOR_F1),
     *(AUDIT_COUNTERFACTUAL_PSNR, AUDIT_COUNTERFACTUAL_PSNR_LOW, AUDIT_COUNTERFACTUAL_PSNR_HIGH),
 )
@@ -336,6 +339,7 @@ class VerdictRecord:
     membership_tpr_1pct: float = float("nan")
     membership_analysis: str = ""
     epsilon_empirical: float = float("nan")  # the canary client's: the highest over analyses
+    epsilon_empirical_fdp: float = float("nan")  # the same, f-DP (Mahloujifar et al.)
     representatives_ssim: float = float("nan")
     representatives_cosine: float = float("nan")
     representatives_analysis: str = ""
@@ -396,8 +400,12 @@ class LeakRecord:
     membership_tpr_01pct_low: float = math.nan
     membership_tpr_01pct_high: float = math.nan
     # The one-run audit (audit.canaries): the candidates were the canaries, and this the
-    # lower bound on epsilon their scores gave (Steinke et al.; NaN on other clients).
+    # lower bound on epsilon their scores gave (Steinke et al.; NaN on other clients),
+    # and beside it the f-DP bound (Mahloujifar et al.): the largest mu-GDP claim the
+    # scores reject and its epsilon at the claim's delta (1e-5 where the run has none).
     epsilon_empirical: float = math.nan
+    mu_empirical_fdp: float = math.nan
+    epsilon_empirical_fdp: float = math.nan
     representatives: int = 0
     representatives_space: str = ""  # "pixels" (inverted to images) or "features"
     representatives_psnr: float = math.nan  # to the class-mean image

@@ -75,6 +75,9 @@ EPSILON = {
     protocol.DP_EPSILON: "record level, DP-SGD's accountant (Opacus)",
     protocol.CENTRAL_DP_EPSILON: "user level, central DP's accountant (Flower)",
     protocol.AUDIT_EPSILON_EMPIRICAL: "record level, lower bound from the audit's canaries, 95 %",
+    protocol.AUDIT_EPSILON_EMPIRICAL_FDP: (
+        "record level, f-DP lower bound from the same canaries (mu-GDP), 95 %"
+    ),
     protocol.CENTRAL_DP_EPSILON_EMPIRICAL: (
         "user level, estimate from the audit's canary clients (Andrew et al.), not a bound"
     ),

@@ -244,7 +244,8 @@ def central_dp_lines(
 
 
 def epsilon_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The one-run audit's empirical epsilon (its highest round) beside the accountant's."""
+    """The one-run audit's empirical epsilon (its highest round; Steinke et al.'s, then the
+    f-DP bound's on the same scores) beside the accountant's."""
     audited = [r for r in rows if not math.isnan(r.get(protocol.AUDIT_EPSILON_EMPIRICAL, math.nan))]
     if not audited:
         return []
@@ -253,10 +254,16 @@ def epsilon_lines(rows: list[dict[str, Any]]) -> list[str]:
     beside = (
         "" if math.isnan(accountant) else f"; the accountant's dp-epsilon then {accountant:.3g}"
     )
+    fdp = [
+        e
+        for r in audited
+        if math.isfinite(e := r.get(protocol.AUDIT_EPSILON_EMPIRICAL_FDP, math.nan))
+    ]
+    fdp_text = f"; f-DP (mu-GDP) on the same scores: highest {max(fdp):.3g}" if fdp else ""
     return [
         f"- empirical epsilon (canaries, one-run audit, 95 % per round): highest "
         f"{top[protocol.AUDIT_EPSILON_EMPIRICAL]:.3g} in round {top[protocol.ROUND]} of "
-        f"{len(audited)} audited{beside}"
+        f"{len(audited)} audited{fdp_text}{beside}"
     ]
 
 

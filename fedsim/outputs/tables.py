@@ -324,13 +324,16 @@ SSIM mean less leakage)."""
 def comparison_table(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_PSNR) -> Table:
     """A sweep's summary (``fedsim compare``): per configuration and attack, mean ± std over
     seeds (accuracy in %, PSNR in dB). The attack, spread, other kinds' verdict and epsilon
-    columns (the accountant's, and the canaries' lower bound) appear only where the sweep
-    has them. A sweep without finished runs gives a table without rows."""
+    columns (the accountant's, and the canaries' lower bounds: Steinke et al.'s and the
+    f-DP one) appear only where the sweep has them. A sweep without finished runs gives a
+    table without rows."""
     if table.empty:
         return Table((Column("configuration", "configuration", "text"),), ())
     with_eps = "epsilon-mean" in table and bool(np.isfinite(table["epsilon-mean"]).any())
     empirical = "epsilon-empirical-mean"
     with_empirical = empirical in table and bool(np.isfinite(table[empirical]).any())
+    fdp = "epsilon-empirical-fdp-mean"
+    with_fdp = fdp in table and bool(np.isfinite(table[fdp]).any())
     with_attack = table["attack"].nunique() > 1
     with_spread = "success-rate" in table
     columns = [
@@ -354,6 +357,7 @@ def comparison_table(table: pd.DataFrame, success_psnr: float = DEFAULT_SUCCESS_
     ]
     columns += [Column("epsilon", "epsilon")] if with_eps else []
     columns += [Column("epsilon-empirical", "epsilon (canaries)")] if with_empirical else []
+    columns += [Column("epsilon-empirical-fdp", "epsilon (canaries, f-DP)")] if with_fdp else []
     columns += [Column("seeds", "seeds")]
     rows = tuple(_comparison_row(r) for r in table.to_dict("records"))
     return Table(tuple(columns), rows)
@@ -377,6 +381,9 @@ def _comparison_row(r: Mapping[Any, Any]) -> dict[str, str]:
         **{k: spread(k, digits=3) if f"{k}-mean" in r else "-" for k in LEAK_COLUMNS},
         "epsilon": spread("epsilon") if "epsilon-mean" in r else "-",
         "epsilon-empirical": spread("epsilon-empirical") if "epsilon-empirical-mean" in r else "-",
+        "epsilon-empirical-fdp": (
+            spread("epsilon-empirical-fdp") if "epsilon-empirical-fdp-mean" in r else "-"
+        ),
         "seeds": str(r["seeds"]),
     }
 

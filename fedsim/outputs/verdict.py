@@ -163,9 +163,10 @@ def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
             membership_tpr_1pct=float(row["membership-tpr-1pct"]),
             membership_analysis=str(names[at]),
         )
-    epsilon = leaks.get("epsilon-empirical", pd.Series(dtype=float)).to_numpy(dtype=float)
-    if len(epsilon) and not np.isnan(epsilon).all():
-        out.update(epsilon_empirical=float(np.nanmax(epsilon)))
+    for column in ("epsilon-empirical", "epsilon-empirical-fdp"):
+        epsilon = leaks.get(column, pd.Series(dtype=float)).to_numpy(dtype=float)
+        if len(epsilon) and not np.isnan(epsilon).all():
+            out[column.replace("-", "_")] = float(np.nanmax(epsilon))
     f1, analysis = _best(leaks.get("words-f1", pd.Series(dtype=float)).to_numpy(dtype=float), names)
     if analysis:
         prior = leaks["words-prior-f1"].to_numpy(dtype=float)[list(names).index(analysis)]
@@ -294,6 +295,7 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_REPRESENTATIVES_COSINE: _median(rows["representatives-cosine"]),
         protocol.AUDIT_LEAK_CLIENTS: float(analysed.sum()),
         protocol.AUDIT_EPSILON_EMPIRICAL: _highest(rows.get("epsilon-empirical")),
+        protocol.AUDIT_EPSILON_EMPIRICAL_FDP: _highest(rows.get("epsilon-empirical-fdp")),
         protocol.AUDIT_WORDS_F1: words.value,
         protocol.AUDIT_WORDS_F1_LOW: words.low,
         protocol.AUDIT_WORDS_F1_HIGH: words.high,

@@ -41,7 +41,8 @@ from fedsim.sweeps.spec import Configuration
 
 LEAK_SCORES = ("label-tv", "membership-auc", "representatives-ssim")
 """The other kinds' verdicts (``verdict.csv``), each a run's mean over its audited victims."""
-SCORES = ("accuracy", "psnr", "ssim", "label-acc", *LEAK_SCORES, "epsilon", "epsilon-empirical")
+EPSILONS = ("epsilon", "epsilon-empirical", "epsilon-empirical-fdp")
+SCORES = ("accuracy", "psnr", "ssim", "label-acc", *LEAK_SCORES, *EPSILONS)
 
 
 def accountant_epsilon(last: pd.Series) -> float:
@@ -64,6 +65,12 @@ def empirical_epsilon(metrics: pd.DataFrame) -> float:
     if estimates is not None and not estimates.isna().all():
         return float(estimates.dropna().iloc[-1])
     return math.nan
+
+
+def fdp_epsilon(metrics: pd.DataFrame) -> float:
+    """The f-DP one-run bound from the canaries (its highest round), else NaN."""
+    column = metrics.get(protocol.AUDIT_EPSILON_EMPIRICAL_FDP)
+    return float(column.max()) if column is not None and not column.isna().all() else math.nan
 
 
 def leak_verdicts(verdict_file: Path) -> dict[str, float]:
@@ -128,6 +135,7 @@ def run_results(
         "accuracy-from": source,
         "epsilon": accountant_epsilon(last),
         "epsilon-empirical": empirical_epsilon(metrics),
+        "epsilon-empirical-fdp": fdp_epsilon(metrics),
         **leak_verdicts(run_dir / VERDICT_FILE),
         "rounds": len(metrics),
         "seconds": read_wall_seconds(run_dir),
