@@ -64,6 +64,7 @@ from fedsim.audit.tasks import (
     DeviceUse,
     RemoteAttacks,
     finished_within,
+    on_driver_threads,
     run_attack,
     run_leak_analysis,
     runs_in_driver,
@@ -354,12 +355,13 @@ class Auditor:
         if isinstance(job.victims[0], _Analysed):
             inputs = [v.inputs for v in job.victims if isinstance(v, _Analysed)]
             leaks = (job.component, inputs, seed, self.cfg.num_gpus > 0)
-            self._add_pending(self._driver().submit(run_leak_analysis, *leaks), job)
+            work = self._driver().submit(on_driver_threads, run_leak_analysis, *leaks)
+            self._add_pending(work, job)
             return
         observations = [v.observation for v in job.victims if isinstance(v, _Victim)]
         if runs_in_driver(job.component):
             args = (job.component, observations, seed, False, None, self.cfg.precision)
-            self._add_pending(self._driver().submit(run_attack, *args), job)
+            self._add_pending(self._driver().submit(on_driver_threads, run_attack, *args), job)
             return
         key = f"audit round {job.round}: {self._label(job)} on {job.clients}"
         ref = self._remote.submit(job.component, observations, seed, key)
