@@ -43,8 +43,8 @@ def runs_in_driver(attack: Resolved) -> bool:
     return issubclass(attack.cls, AnalyticAttack)
 
 
-def on_driver_threads(work: Callable[..., T], *args: Any) -> T:
-    """``work(*args)`` with torch on :data:`DRIVER_THREADS` threads, restored after.
+def on_driver_threads(work: Callable[[], T]) -> T:
+    """``work()`` with torch on :data:`DRIVER_THREADS` threads, restored after.
 
     The audit's work on the driver's thread runs beside the client actors and the server's
     own evaluation, which hold the cores: a second OpenMP thread there mostly waits for a
@@ -55,7 +55,7 @@ def on_driver_threads(work: Callable[..., T], *args: Any) -> T:
     threads = torch.get_num_threads()
     torch.set_num_threads(DRIVER_THREADS)
     try:
-        return work(*args)
+        return work()
     finally:
         torch.set_num_threads(threads)
 
