@@ -26,7 +26,7 @@ from fedsim.attacks.toolkits.analytic import AnalyticAttack
 from fedsim.attacks.toolkits.precision import Precision, attack_precision
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
-from fedsim.core.devices import gpu_if
+from fedsim.core.devices import gpu_if, torch_threads
 from fedsim.outputs.progress import AttackProgressLines
 
 AUDIT_RESERVATION_NAME = "fedsim-audit"
@@ -44,20 +44,15 @@ def runs_in_driver(attack: Resolved) -> bool:
 
 
 def on_driver_threads(work: Callable[[], T]) -> T:
-    """``work()`` with torch on :data:`DRIVER_THREADS` threads, restored after.
+    """``work()`` with torch on :data:`DRIVER_THREADS` threads, restored after
+    (:func:`~fedsim.core.devices.torch_threads`).
 
     The audit's work on the driver's thread runs beside the client actors and the server's
-    own evaluation, which hold the cores: a second OpenMP thread there mostly waits for a
-    core (loss-drop on a round of the ``shakespeare`` scenario, 8 clients: 0.37-0.43 s on
-    one thread, 1.0-1.7 s on two on a loaded 2-core machine; the same scores). OpenMP's
-    count is the calling thread's, so the server's thread keeps its own; torch's default
-    for threads that start torch meanwhile is one too, until restored."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(DRIVER_THREADS)
-    try:
+    own evaluation, which hold the cores: loss-drop on a round of the ``shakespeare``
+    scenario (8 clients) took 0.37-0.43 s on one thread, 1.0-1.7 s on two on a loaded
+    2-core machine, with the same scores."""
+    with torch_threads(DRIVER_THREADS):
         return work()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def reserved_workers(audit: AuditConfig, attacks: Sequence[Resolved]) -> int:
