@@ -38,6 +38,7 @@ import time
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ from fedsim.audit.tasks import (
     DeviceUse,
     RemoteAttacks,
     finished_within,
+    on_driver_threads,
     run_attack,
     run_leak_analysis,
     runs_in_driver,
@@ -353,13 +355,14 @@ class Auditor:
         job.submitted = time.perf_counter()
         if isinstance(job.victims[0], _Analysed):
             inputs = [v.inputs for v in job.victims if isinstance(v, _Analysed)]
-            leaks = (job.component, inputs, seed, self.cfg.num_gpus > 0)
-            self._add_pending(self._driver().submit(run_leak_analysis, *leaks), job)
+            leaks = partial(run_leak_analysis, job.component, inputs, seed, self.cfg.num_gpus > 0)
+            self._add_pending(self._driver().submit(on_driver_threads, leaks), job)
             return
         observations = [v.observation for v in job.victims if isinstance(v, _Victim)]
         if runs_in_driver(job.component):
             args = (job.component, observations, seed, False, None, self.cfg.precision)
-            self._add_pending(self._driver().submit(run_attack, *args), job)
+            closed_form = partial(run_attack, *args)
+            self._add_pending(self._driver().submit(on_driver_threads, closed_form), job)
             return
         key = f"audit round {job.round}: {self._label(job)} on {job.clients}"
         ref = self._remote.submit(job.component, observations, seed, key)

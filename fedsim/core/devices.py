@@ -8,6 +8,8 @@ CUDA device must exist. Ray hands a task or actor the GPUs it reserved, so
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -19,6 +21,22 @@ DEVICES = "auto, cpu, cuda or cuda:N"
 # machine without CUDA, and permission to ask for GPUs there. Never for users:
 # their work would run on CPU while the plan says GPU.
 TEST_LOGICAL_GPUS_ENV = "FEDSIM_TEST_LOGICAL_GPUS"
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch on ``count`` intra-op threads inside the block, restored after.
+
+    For small work beside other busy threads (client actors, the server's own thread): on
+    a loaded 2-core machine a second OpenMP thread mostly waits for a core. OpenMP's count
+    is the calling thread's, so other threads keep theirs; torch's default for threads
+    that first run torch meanwhile is ``count`` too, until restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def pick_device(name: str = "auto", key: str = "device") -> torch.device:

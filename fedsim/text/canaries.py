@@ -16,6 +16,7 @@ fit to 1,000 random secrets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import nn
@@ -34,8 +35,10 @@ REFERENCE_DRAWS = 1000
 """Random secrets the skew-normal fit reads where ``R`` is larger."""
 
 
+@lru_cache(maxsize=4)
 def vocabulary_of(tokens: tuple[str, ...]) -> Vocabulary:
-    """A bundle's vocabulary as a :class:`Vocabulary`: characters when every token is one."""
+    """A bundle's vocabulary as a :class:`Vocabulary`: characters when every token is one.
+    Kept: a client builds its canary from it for every message (5-6 ms a time uncached)."""
     if all(len(t) == 1 for t in tokens):
         return Vocabulary(tokens, "char", tokens.index(" "))
     return Vocabulary(tokens, "word", 0)

@@ -12,6 +12,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -43,10 +44,14 @@ class Vocabulary:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Each token's id, built once: every client's canary encodes with it."""
+        return {token: i for i, token in enumerate(self.tokens)}
+
     def encode(self, text: str) -> np.ndarray:
         """``text`` as token ids (int64)."""
-        index = {token: i for i, token in enumerate(self.tokens)}
-        pieces: Iterable[str] = text if self.level == "char" else words(text)
+        index, pieces = self.index, text if self.level == "char" else words(text)
         return np.array([index.get(p, self.unknown) for p in pieces], dtype=np.int64)
 
     def decode(self, ids: Sequence[int]) -> list[str]:
