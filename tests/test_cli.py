@@ -61,3 +61,24 @@ def test_shipped_scenarios_resolve_from_any_folder(
     assert {"quickstart", "audit-fedavg", "compare-table2"} <= set(shipped_scenarios())
     (tmp_path / "mine.toml").write_text("name = 'mine'\n")
     assert scenario_path("mine.toml") == Path("mine.toml")  # a real file wins
+
+
+def test_list_leaks_shows_each_analysis_kind(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedsim.attacks.leakage import LEAKS
+
+    monkeypatch.setenv("COLUMNS", "300")  # one line a row
+
+    assert main(["list", "leaks"]) == 0
+
+    rows = {
+        line.split("│")[2].strip(): line.split("│")[5].strip()
+        for line in capsys.readouterr().out.splitlines()
+        if line.count("│") > 4
+    }
+    assert set(rows) == set(LEAKS.names())
+    for name, described in rows.items():
+        assert described.startswith(f"{LEAKS.get(name).kind}: "), name
+    assert rows["loss-drop"].startswith("membership: ")
+    assert rows["llg"].startswith("labels: ")
