@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -135,6 +136,35 @@ def test_adamw_without_decay_reads_as_adam_and_its_decoupled_decay_is_removed() 
     assert score_decayed.recovered >= score_adam.recovered - 1
 
 
+def test_a_client_stepping_on_its_whole_batch_gets_residuals_that_rank_the_truth_first() -> None:
+    full_batch = dataclasses.replace(ADAM, batch_size=4)  # 2 epochs, each one step of all 4
+    observation, truth, labels = _update(full_batch, images=4, seed=0)
+    _, others, other_labels = _update(full_batch, images=4, seed=50)  # other digits
+    attack = AdamSigns(AdamSignsParams())
+
+    rec = attack.reconstruct(observation)
+    exact = attack.fidelity_residual(observation, truth, labels)
+    wrong = attack.fidelity_residual(observation, others, other_labels)
+    grey = attack.fidelity_residual(observation, torch.full_like(truth, 0.5), labels)
+
+    # Measured (seed 0): truth 6e-7 (the replay is exact), its reconstruction 0.88,
+    # other digits and grey 1.2-1.3 (1 is what predicting no update at all gives).
+    assert exact < 1e-5
+    assert rec.details["gradient_residual"] < min(wrong, grey) - 0.1
+    assert rec.details["no_residual"] == ""
+
+
+def test_a_reshuffled_client_gets_no_residual_and_the_record_says_why() -> None:
+    observation, truth, labels = _update(ADAM, images=4, seed=0)  # batches of 2 of 4 digits
+    attack = AdamSigns(AdamSignsParams())
+
+    rec = attack.reconstruct(observation)
+
+    assert math.isnan(rec.details["gradient_residual"])
+    assert math.isnan(attack.fidelity_residual(observation, truth, labels))
+    assert "batches of 2, reshuffled every epoch" in rec.details["no_residual"]
+
+
 def test_it_is_deterministic() -> None:
     observation, _, _ = _update(ADAM, images=4, seed=1)
 
@@ -235,6 +265,9 @@ def test_the_audit_grants_it_the_public_data_and_scores_it_in_the_driver(tmp_pat
     # Measured: 3 of 3 training digits each (24.8 and 26.4 dB), labels right.
     assert (audit["images-recovered"] >= 2).all()
     assert (audit["converged"]).all()
+    # 3 digits in batches of 2: no residual, so no attacker-side pick, and the row says why.
+    assert audit["attacker-residual"].isna().all()
+    assert audit["fidelity-note"].str.startswith("no residual: 3 examples").all()
 
 
 # Slow: unrolled-dlg replays 4 Adam steps of a 200k-parameter MLP per objective evaluation,

@@ -70,7 +70,9 @@ def score_attack(
         diverged_restarts=int(rec.details.get("diverged_restarts", 0)),
         batchnorm=batchnorm,
         fidelity_residual=residual,
-        fidelity_note=residual_note(residual, attack, observation, batchnorm),
+        # An attack without residuals here says why (details["no_residual"]).
+        fidelity_note=residual_note(residual, attack, observation, batchnorm)
+        or str(rec.details.get("no_residual", "")),
         attacker_residual=attacker_residual(attack, observation, rec, seed),
     )
     return Scored(record, score)

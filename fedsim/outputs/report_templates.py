@@ -103,7 +103,7 @@ TEMPLATES: dict[str, str] = {
   "Verdict: median over victims of each victim's best attack, band = 95 % bootstrap interval; thin lines: each attack's median alone; hollow markers: lower bounds. Right: success share with its Wilson interval.") }}
 {{ m.table(verdict_rounds, verdict_round_columns) }}
 <h3>Per victim</h3>
-<p>pick-*: the reconstruction the attacker would choose without the truth (the attack whose reconstruction best reproduces the intercepted gradient, lowest residual; an attack with no residual, such as adam-signs, whose model of the client is a sign pattern rather than a gradient step, is never picked).</p>
+<p>pick-*: the reconstruction the attacker would choose without the truth (the attack whose reconstruction best reproduces the intercepted gradient, lowest residual; an attack with no residual is never picked: adam-signs on a client that takes several steps an epoch, whose private reshuffle leaves Adam's replay unorderable; its fidelity-note says so).</p>
 {{ m.table(verdict_victims, verdict_victim_columns) }}
 </section>
 {% endif %}

@@ -57,6 +57,12 @@ public data's mean on-pixel value fixes ``s / eps`` (:func:`support_read`).
 Labels: the label of the nearest public image (pixel space), a cheap honest
 read; ``details["labels"]`` says so.
 
+Residuals: the client's Adam steps replayed on a batch
+(:func:`~fedsim.attacks.toolkits.closed_form.replayed_residual`), exact where every step
+is the whole batch; where an epoch takes several, the client's private reshuffle makes
+the replay unorderable, the residual is NaN and ``details["no_residual"]`` says why
+(:func:`residual_refusal`).
+
 This is fedsim's own attack. It needs Adam or AdamW from a fresh state (a kept
 state adds a private history to every entry), no L2 weight decay for Adam
 (``wd * w`` joins each step's gradient and breaks the scale invariance); AdamW's
@@ -77,7 +83,7 @@ import torch
 from fedsim.attacks.base import AttackSetting, Observation, PublicData, Reconstruction
 from fedsim.attacks.registry import ATTACKS
 from fedsim.attacks.toolkits.analytic import AnalyticAttack
-from fedsim.attacks.toolkits.closed_form import setting_model, uploaded
+from fedsim.attacks.toolkits.closed_form import replayed_residual, setting_model, uploaded
 from fedsim.attacks.toolkits.first_layer import first_linear_layer
 from fedsim.attacks.toolkits.gradients import local_steps_taken, victim_model
 from fedsim.attacks.toolkits.replay import replay_refusal
@@ -108,6 +114,25 @@ def adam_refusal(cfg: ClientConfig) -> str | None:
     return (
         f"cannot read the sign patterns: {refusal} "
         '(it reads optimizer-state = "fresh", augment = "none")'
+    )
+
+
+def residual_refusal(observation: Observation) -> str | None:
+    """Why a reconstruction's residual says nothing here, or ``None`` where it does.
+
+    The residual replays the client's Adam steps on the batch. Where every step is the
+    whole batch, the order is moot and the true batch gives 0 (float rounding). Where an
+    epoch takes several steps, the client's private reshuffle decides which images each
+    step saw; Adam's normalised steps depend on it, and the true batch in slot order
+    replays no better than predicting no update at all (measured in docs/attacks.md).
+    """
+    cfg, examples = observation.train_config, observation.num_examples
+    if cfg.batch_size >= examples:
+        return None
+    return (
+        f"no residual: {examples} examples in batches of {cfg.batch_size}, reshuffled every "
+        "epoch; the attacker cannot order Adam's replay (the true batch out of order "
+        "replays no better than no update)"
     )
 
 
@@ -351,8 +376,11 @@ class AdamSigns(AnalyticAttack):
     def fidelity_residual(
         self, observation: Observation, images: torch.Tensor, labels: torch.Tensor, seed: int = 0
     ) -> float:
-        """NaN: the attack's model of the client is a sign pattern, not a gradient step."""
-        return math.nan
+        """The client's Adam training replayed on a batch (:func:`replayed_residual`), where
+        its order cannot matter; NaN where it can (:func:`residual_refusal` says why)."""
+        if residual_refusal(observation) is not None:
+            return math.nan
+        return replayed_residual(observation, (images, labels), seed)
 
     def checked_layer(self, observation: Observation, seed: int) -> str:
         """The shared first linear layer, refusing observations the attack cannot read."""
@@ -428,7 +456,8 @@ class AdamSigns(AnalyticAttack):
             "rows_per_image": rows[taken].tolist(),
             "read_from_eps": exact_reads,
             "labels": "nearest public image",
-            "gradient_residual": math.nan,
+            "gradient_residual": self.fidelity_residual(observation, images, labels, seed),
+            "no_residual": residual_refusal(observation) or "",
         }
         return Reconstruction(
             images=images,

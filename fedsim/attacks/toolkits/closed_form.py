@@ -30,6 +30,7 @@ from fedsim.attacks.toolkits.gradients import (
     target_gradient,
     victim_model,
 )
+from fedsim.attacks.toolkits.matching_problem import LocalSchedule, replay_update
 from fedsim.attacks.toolkits.optim import BatchedAdamW
 from fedsim.core.config import ClientConfig, require
 from fedsim.core.models import InputSpec, SplitNet, build_model
@@ -170,13 +171,40 @@ def one_step_residual(
 ) -> float:
     """``||g(images, labels) - g|| / ||g||`` over every shared tensor: one gradient step
     of the attacker's model (sent weights, private ones estimated from ``seed``)
-    on a batch in pixel space against the intercepted gradient."""
+    on a batch in pixel space against the intercepted gradient; ``replayed_residual``:
+    the client's whole local training replayed instead."""
+    return _residual(observation, (images, labels), seed, device, replayed=False)
+
+
+def replayed_residual(
+    observation: Observation, batch: tuple[torch.Tensor, torch.Tensor], seed: int
+) -> float:
+    """As :func:`one_step_residual` of ``batch`` (images, labels), the client's local
+    training replayed from the public config instead
+    (:func:`~fedsim.attacks.toolkits.matching_problem.replay_update`: its optimiser from a
+    fresh state, the batch in slot order every epoch), read as ``(w_global - w_K) / (lr K)``,
+    the intercepted update's orientation; on the CPU."""
+    return _residual(observation, batch, seed, torch.device("cpu"), replayed=True)
+
+
+def _residual(
+    observation: Observation,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    seed: int,
+    device: torch.device,
+    replayed: bool,
+) -> float:
     model, params = victim_model(observation, device, seed)
     target = target_gradient(observation, device)
     names = list(observation.shared)
-    x = observation.normalization.to_model(images.to(device, torch.float32))
-    y = F.one_hot(labels.to(device).long(), observation.input_spec.num_classes).float()
-    simulated = batch_gradient(model, params, x, y, names, create_graph=False)
+    x = observation.normalization.to_model(batch[0].to(device, torch.float32))
+    y = F.one_hot(batch[1].to(device).long(), observation.input_spec.num_classes).float()
+    if replayed:
+        with torch.no_grad():
+            client = (model, names, LocalSchedule.of(observation))
+            simulated = replay_update(client, params, (x, y))
+    else:
+        simulated = batch_gradient(model, params, x, y, names, create_graph=False)
     return relative_residual(simulated, [target[n] for n in names])
 
 
