@@ -52,11 +52,7 @@ def round_inputs(seed: int, null: bool) -> tuple[list[LeakInput], list[torch.Ten
         mix = digits().train_labels[own]
         outsiders = outsiders_like(torch.cat([mix, mix]), 100 * seed + i)
         empty = torch.zeros(0, dtype=torch.long)
-        chosen = (
-            candidates(empty, outsiders)
-            if null
-            else candidates(own, outsiders[: len(own)])
-        )
+        chosen = candidates(empty, outsiders) if null else candidates(own, outsiders[: len(own)])
         inputs.append(LeakInput(observation, public, chosen))
         labels.append(torch.cat([torch.ones(len(own)), torch.zeros(len(own))]))
     return inputs, labels
