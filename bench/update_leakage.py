@@ -28,6 +28,11 @@ reconstruction, no probe), run alternately ``PAIRS`` times; the wall time of eac
 and the median ratio audited / unaudited::
 
     .venv/bin/python bench/update_leakage.py --overhead 5
+
+``--with NAME ...`` adds a third way: that audit with the named analyses added, and its
+median ratio to the audit without them (what adding them to ``"auto"`` would cost)::
+
+    .venv/bin/python bench/update_leakage.py --overhead 3 --with fedmia
 """
 
 from __future__ import annotations
@@ -208,8 +213,9 @@ COLUMNS = {
 }
 
 
-def overhead(pairs: int) -> None:
-    """Alternate the unaudited and the labels-and-membership-audited quickstart."""
+def overhead(pairs: int, extra: list[str] | None = None) -> None:
+    """Alternate the unaudited and the labels-and-membership-audited quickstart (and, with
+    ``extra`` analyses, the same audit with them added: a third way)."""
     import tempfile
     from pathlib import Path
 
@@ -228,6 +234,13 @@ def overhead(pairs: int) -> None:
         "unaudited": ["audit.enabled=false"],
         "labels+membership": ["audit.attacks=[]", f"audit.leaks={leaks}", "audit.probe-rounds=[]"],
     }
+    if extra:
+        more = "[" + ", ".join(f"{{name='{n}'}}" for n in [*names, *extra]) + "]"
+        ways["+" + "+".join(extra)] = [
+            "audit.attacks=[]",
+            f"audit.leaks={more}",
+            "audit.probe-rounds=[]",
+        ]
     walls: dict[str, list[float]] = {way: [] for way in ways}
     quiet = Console(quiet=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -241,6 +254,13 @@ def overhead(pairs: int) -> None:
                 print(
                     f"pair {pair + 1} {way}: {walls[way][-1]:.1f} s (load {os.getloadavg()[0]:.2f})"
                 )
+    if extra:
+        added = walls["+" + "+".join(extra)]
+        plus = [a / b for a, b in zip(added, walls["labels+membership"], strict=True)]
+        print(
+            f"with {', '.join(extra)}: median {statistics.median(added):.1f} s; ratio to the "
+            f"audit without {statistics.median(plus):.3f} ({', '.join(f'{r:.3f}' for r in plus)})"
+        )
     ratios = [a / b for a, b in zip(walls["labels+membership"], walls["unaudited"], strict=True)]
     print(f"analyses: {', '.join(names)}")
     print(
@@ -258,9 +278,10 @@ def main() -> None:
     parser.add_argument("--settings", nargs="*", default=None, help="setting labels to run")
     parser.add_argument("--out", default="", help="also write the table to this markdown file")
     parser.add_argument("--overhead", type=int, default=0, help="PAIRS: the cost in a run")
+    parser.add_argument("--with", dest="extra", nargs="*", default=None, help="--overhead: add")
     args = parser.parse_args()
     if args.overhead:
-        overhead(args.overhead)
+        overhead(args.overhead, args.extra)
         return
     torch.set_num_threads(1)
     print(f"load: {os.getloadavg()[0]:.2f}; one thread; {args.clients} clients a setting")
