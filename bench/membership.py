@@ -28,33 +28,21 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from update_leakage import scenario_for, sent_model
+from update_leakage import client_round, round_of
 
 from fedsim.attacks.base import AttackSetting
 from fedsim.attacks.leakage import LEAKS, Candidates, LeakInput, MembershipLeak
 from fedsim.audit.candidates import AuditPool, draw_candidates
-from fedsim.audit.observe import ServerView, intercept
-from fedsim.clients import CLIENT_ROUTINES
-from fedsim.clients.base import ClientEnv
-from fedsim.clients.defences import train_defended
-from fedsim.clients.replay import ClientReplay
 from fedsim.core.components import resolve
 from fedsim.core.config import ComponentConfig
-from fedsim.core.data import load_dataset
 from fedsim.core.leak_metrics import MembershipScore, score_membership
-from fedsim.core.models import InputSpec
-from fedsim.core.training import client_config_record
-from fedsim.scenario.components import client_spec
-from fedsim.simulation.flower import message_context
 
 ANALYSES = ("loss-drop", "gradient-alignment", "fedmia", "lira-offline")
 
@@ -108,40 +96,16 @@ def null_candidates(
 
 def one_round(label: str, change: dict[str, Any], args: argparse.Namespace, seed: int) -> dict:
     """Each analysis's scores on the real and the null candidates, pooled over the round."""
-    change = {**change, "federation.seed": seed}
-    scenario = scenario_for(change)
-    bundle = load_dataset(scenario.data)
-    pool = AuditPool.split(bundle.test_images, bundle.test_labels, seed=0)
-    view = ServerView(
-        scenario.model,
-        InputSpec(bundle.channels, bundle.image_size, bundle.num_classes),
-        bundle.normalization,
-        "fedavg",
-    )
-    sent = ArrayRecord(sent_model(scenario, args.pretrain))
-    config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
-    routine = CLIENT_ROUTINES.get("fedavg")()
-    replay = ClientReplay(client_spec(scenario), "fedavg", None)
+    setup = round_of({**change, "federation.seed": seed}, args.pretrain)
+    scenario, bundle, pool, view = setup.scenario, setup.bundle, setup.pool, setup.view
+    sent, config, replay = setup.sent, setup.config, setup.replay
     setting = dataclasses.replace(AttackSetting.of(scenario, None), audited=True)
     real, null, truths, trainings = [], [], [], []
     for partition in range(scenario.federation.num_clients):
-        env = ClientEnv.create(client_spec(scenario), partition, RecordDict())
-        started = time.perf_counter()
-        arrays, metrics = train_defended(routine, env, sent, config)
-        trainings.append(time.perf_counter() - started)
-        with message_context():
-            reply = Message(
-                RecordDict(
-                    {
-                        "arrays": arrays,
-                        "metrics": MetricRecord({**metrics, "partition-id": partition}),
-                    }
-                ),
-                dst_node_id=0,
-                message_type="train",
-            )
-        intercepted = intercept(1, sent, config, [reply])
-        observation = view.observe(intercepted, intercepted.replies[0], "update")
+        seen = client_round(scenario, partition, sent, config, view)
+        assert seen is not None
+        intercepted, observation, seconds = seen
+        trainings.append(seconds)
         trained = replay.update_batch(partition, 1, intercepted.replies[0].config)
         candidates, members = draw_candidates(
             trained, pool, args.candidates, bundle.normalization, seed, 1, partition
