@@ -72,6 +72,16 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
+def component(spec: str) -> ComponentConfig:
+    """``name`` or ``name:key=value,...`` (a variant's parameters, TOML's spelling)."""
+    name, _, rest = spec.partition(":")
+    params: dict[str, Any] = {}
+    for pair in filter(None, rest.split(",")):
+        key, _, value = pair.partition("=")
+        params[key] = int(value) if value.isdigit() else value
+    return ComponentConfig(name, params)
+
+
 def null_candidates(
     candidates: Candidates, members: torch.Tensor, pool: AuditPool, seed: int
 ) -> Candidates:
@@ -116,7 +126,7 @@ def one_round(label: str, change: dict[str, Any], args: argparse.Namespace, seed
         truths.append(members)
     out: dict[str, Any] = {"train": statistics.median(trainings), "truth": torch.cat(truths)}
     for name in args.analyses:
-        analysis = resolve(LEAKS, ComponentConfig(name, {}), name)
+        analysis = resolve(LEAKS, component(name), name)
         analysis.cls.check_setting(setting, name)
         runner = analysis.create(device="cpu")
         leaks = runner.analyse_many(real, seed=seed)
@@ -145,7 +155,9 @@ def main() -> None:
     parser.add_argument("--pretrain", type=int, default=300, help="public Adam steps before")
     parser.add_argument("--candidates", type=int, default=100, help="members per client")
     parser.add_argument("--repeats", type=int, default=1, help="federation seeds pooled")
-    parser.add_argument("--analyses", nargs="*", default=list(ANALYSES))
+    parser.add_argument(
+        "--analyses", nargs="*", default=list(ANALYSES), help="names, or name:key=value,..."
+    )
     parser.add_argument("--settings", nargs="*", default=None, help="setting labels to run")
     parser.add_argument("--out", default="", help="also write the table to this markdown file")
     args = parser.parse_args()

@@ -35,24 +35,29 @@ def overfit_round(seed: int) -> tuple[list[Observation], list[torch.Tensor]]:
     return [client_update(m, OVERFIT, seed * 10 + i) for i, m in enumerate(members)], members
 
 
-def candidates(train: torch.Tensor, held: torch.Tensor) -> Candidates:
+def candidates(first: torch.Tensor, held: torch.Tensor, null: bool) -> Candidates:
+    """Training digits ``first`` (held-out ones for the null), then held-out ``held``."""
     data = digits()
-    images = torch.cat([data.train_images[train], data.test_images[held]])
-    labels = torch.cat([data.train_labels[train], data.test_labels[held]])
+    images, labels = (
+        (data.test_images, data.test_labels) if null else (data.train_images, data.train_labels)
+    )
+    images = torch.cat([images[first], data.test_images[held]])
+    labels = torch.cat([labels[first], data.test_labels[held]])
     return Candidates(images, labels)
 
 
 def round_inputs(seed: int, null: bool) -> tuple[list[LeakInput], list[torch.Tensor]]:
     """Each client's candidates (its members, then as many outsiders of its class mix; for
-    the null, outsiders on both sides) and which of them are labelled members."""
+    the null, other such outsiders in the members' place) and which are labelled members."""
     observations, members = overfit_round(seed)
     public = public_and_outsiders()[0]
     inputs, labels = [], []
     for i, (observation, own) in enumerate(zip(observations, members, strict=True)):
         mix = digits().train_labels[own]
         outsiders = outsiders_like(torch.cat([mix, mix]), 100 * seed + i)
-        empty = torch.zeros(0, dtype=torch.long)
-        chosen = candidates(empty, outsiders) if null else candidates(own, outsiders[: len(own)])
+        # Two outsider halves of the members' class mix (outsiders_like sorts by class).
+        taken, spare = outsiders[::2], outsiders[1::2]
+        chosen = candidates(spare if null else own, taken, null)
         inputs.append(LeakInput(observation, public, chosen))
         labels.append(torch.cat([torch.ones(len(own)), torch.zeros(len(own))]))
     return inputs, labels
