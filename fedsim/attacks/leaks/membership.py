@@ -47,8 +47,9 @@ that did *not* train on it, as the one-sided Gaussian z-score ``(s - mean) / std
 All need the whole model's update (FedAvg, FedProx: ``uploads`` is ``None``)
 and candidates, which need a held-out split for the non-members; the calibrated
 two need each client's own upload (``audit.threat-model = "update"``). Each refuses
-other settings in one line. All take any modality: the loss of one candidate is
-its modality's (:meth:`~fedsim.core.modality.Modality.example_losses`: an image's
+other settings in one line. ``loss-drop`` and ``gradient-alignment`` take any
+modality (the calibrated two are checked on images only): the loss of one candidate
+is its modality's (:meth:`~fedsim.core.modality.Modality.example_losses`: an image's
 cross-entropy, a text window's mean next-token cross-entropy), so on a text
 federation the candidates are a client's own training windows against held-out
 windows of the same speaking role.
@@ -76,7 +77,7 @@ from fedsim.attacks.leakage import (
 from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
 from fedsim.attacks.toolkits.shadows import per_round, round_rng, shadow_sizes, train_shadow
 from fedsim.core.config import require
-from fedsim.core.modality import ANY, Modality
+from fedsim.core.modality import ANY, IMAGE, Modality
 from fedsim.core.modality import modality as modality_named
 from fedsim.core.models import SplitNet
 from fedsim.core.params.leaks import FedMIAParams, LiraOfflineParams, MembershipParams, Variance
@@ -289,6 +290,9 @@ class CalibratedMembership(MembershipAnalysis):
     """A membership score read against reference models, a round's clients together."""
 
     threat_models = ONE_UPDATE  # each client's own upload (the round's mean hides it)
+    # Written for any modality (the statistic is the modality's loss) but checked on
+    # images only: text federations keep loss-drop and gradient-alignment.
+    modality: ClassVar[str] = IMAGE
 
     def analyse(self, inputs: LeakInput, seed: int = 0) -> MembershipLeak:
         """One client alone (``fedmia`` refuses: it needs the round's others)."""
@@ -312,6 +316,8 @@ class FedMIA(CalibratedMembership):
 
     Params = FedMIAParams  # type: ignore[assignment]
     params: FedMIAParams  # type: ignore[assignment]
+    # Opted into by name until bench/membership.py shows it beating loss-drop (docs/leaks.md).
+    in_auto: ClassVar[bool] = False
 
     @classmethod
     def check_setting(cls, setting: AttackSetting, key: str) -> None:
