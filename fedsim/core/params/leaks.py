@@ -116,14 +116,16 @@ class FedMIAParams(Bounded):
         statistic; the sent model's loss is the same under every client, so this
         is loss-drop read against the round).
     variance:
-        ``per-candidate`` (default, as the authors' code): each candidate's spread
-        over the round's other clients; ``global``: pooled over the candidates.
+        ``global`` (default): the spread over the round's other clients pooled over
+        the candidates; ``per-candidate``: each candidate's own (the authors' code).
+        With 3-15 other clients, ``global`` scored AUC 0.005-0.009 higher in each
+        setting of ``bench/membership.py`` (docs/leaks.md).
     chunk:
         Candidates per forward pass (memory only).
     """
 
     statistic: Literal["confidence", "loss"] = "confidence"
-    variance: Variance = "per-candidate"
+    variance: Variance = "global"
     chunk: Annotated[int, Ge(1)] = 256
 
 
