@@ -73,8 +73,9 @@ def pooled_auc(name: str, seed: int, null: bool) -> tuple[float, float, float]:
     return score.auc.value, score.auc.low, score.auc.high
 
 
-# Measured (seeds 0-2, 4 clients x 32 digits, 30 epochs of Adam, 256 candidates pooled):
-# see the numbers in the assertions' comments of docs/leaks.md.
+# Measured at seed 0 (4 clients x 32 digits, 30 epochs of Adam, 256 candidates pooled, fedmia
+# then with the per-candidate variance): fedmia AUC 0.708 [0.64, 0.77], lira-offline 0.711
+# [0.65, 0.77], loss-drop 0.644 [0.58, 0.71] on the same candidates; seeds 0-2 pass at 0.6.
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("name", ["fedmia", "lira-offline"])
 def test_calibrated_membership_of_overfitting_clients_beats_chance(name: str, seed: int) -> None:
