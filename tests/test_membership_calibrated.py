@@ -109,6 +109,8 @@ def test_fedmia_refuses_a_round_of_one_client() -> None:
 
     with pytest.raises(ValueError, match="round's other clients; round 1 gave 1"):
         analysis(analysis.Params()).analyse(inputs[0])
+    alone = analysis(analysis.Params()).analyse_many(inputs[:1])[0]  # a round left with one
+    assert alone.details["reference-clients"] == 0 and len(alone.scores) == 64  # type: ignore[union-attr]
     with pytest.raises(ScenarioError, match=r"fedmia.*a round here has 1"):
         check_applies(analysis, "fedmia", leak_setting(clients_per_round=1), "leaks.membership")
 

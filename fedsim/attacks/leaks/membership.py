@@ -335,12 +335,17 @@ class FedMIA(CalibratedMembership):
             f"reads a client against the round's other clients; a round here has {count}",
         )
 
+    def analyse(self, inputs: LeakInput, seed: int = 0) -> MembershipLeak:
+        """Refused (``ValueError``): one client alone has no round to be read against."""
+        raise ValueError(
+            "fedmia reads a client against the round's other clients; "
+            f"round {inputs.observation.round} gave 1"
+        )
+
     def read_round(self, inputs: Sequence[LeakInput], seed: int) -> list[MembershipLeak]:
-        if len(inputs) < 2:
-            raise ValueError(
-                "fedmia reads a client against the round's other clients; "
-                f"round {inputs[0].observation.round} gave {len(inputs)}"
-            )
+        """Each client against the others; a round left with one reply (a client failed)
+        reads it against the sent model instead (loss-drop's reading, said in ``details``)
+        rather than stopping the run."""
         start = time.perf_counter()
         first = inputs[0].observation
         data = modality_named(first.input_spec.modality)
@@ -349,6 +354,9 @@ class FedMIA(CalibratedMembership):
             {**sent, **{n: v.to(self.device) for n, v in one.observation.shared.items()}}
             for one in inputs
         ]
+        alone = len(inputs) < 2
+        if alone:
+            uploads.append(sent)
         shared = time.perf_counter() - start
         leaks = []
         p = self.params
@@ -364,7 +372,10 @@ class FedMIA(CalibratedMembership):
             others = torch.cat([stats[:k], stats[k + 1 :]])
             scores = gaussian_z(stats[k], others, p.variance).float()
             seconds = time.perf_counter() - began + shared / len(inputs)
-            leaks.append(MembershipLeak(scores, seconds, {"reference-clients": len(others)}))
+            details: dict[str, object] = {"reference-clients": 0 if alone else len(others)}
+            if alone:
+                details["reference"] = "the sent model: the round had one reply"
+            leaks.append(MembershipLeak(scores, seconds, details))
         return leaks
 
 
