@@ -29,7 +29,8 @@ that did *not* train on it, as the one-sided Gaussian z-score ``(s - mean) / std
   the loss (``statistic = "loss"``: the sent model's loss is the same under every
   client, so that is loss-drop read against the round). It refuses a round of
   fewer than 2 clients; against one other client there is no spread and each
-  candidate's difference is its score. The variance is pooled over the candidates by
+  candidate's difference is its score; a round left with one reply at run time (a
+  client failed) is read against the sent model, as ``details`` say. The variance is pooled over the candidates by
   default (``variance = "global"``; the authors' code divides by each candidate's own):
   with the 3-15 other clients of fedsim's rounds that scored higher everywhere measured.
   In ``audit.leaks = "auto"``: above ``loss-drop`` in every setting measured.
