@@ -30,9 +30,10 @@ that did *not* train on it, as the one-sided Gaussian z-score ``(s - mean) / std
   client, so that is loss-drop read against the round). It refuses a round of
   fewer than 2 clients; against one other client there is no spread and each
   candidate's difference is its score; a round left with one reply at run time (a
-  client failed) is read against the sent model, as ``details`` say. The variance is pooled over the candidates by
-  default (``variance = "global"``; the authors' code divides by each candidate's own):
-  with the 3-15 other clients of fedsim's rounds that scored higher everywhere measured.
+  client failed) is read against the sent model, as ``details`` say. The variance is
+  pooled over the candidates by default (``variance = "global"``; the authors' code
+  divides by each candidate's own): with the 3-15 other clients of fedsim's rounds
+  that scored higher everywhere measured.
   In ``audit.leaks = "auto"``: above ``loss-drop`` in every setting measured.
 - ``lira-offline`` (:class:`LiraOffline`; Carlini et al., S&P 2022, offline LiRA):
   the reference models are ``shadows`` shadow clients (default 8) trained from the
