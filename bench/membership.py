@@ -18,6 +18,9 @@ sit near 0.5. Seconds per client on one thread (an analysis's own timing; the sh
 pool shared out over the round's clients)::
 
     .venv/bin/python bench/membership.py [--settings ...] [--repeats 1] [--out FILE]
+
+``--timing CALLS``: only the cost, each analysis on the demo's round alternated ``CALLS``
+times in one process (``--analyses loss-drop fedmia``: what ``fedmia`` adds to ``"auto"``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +145,33 @@ def one_round(label: str, change: dict[str, Any], args: argparse.Namespace, seed
     return out
 
 
+def timing(calls: int, args: argparse.Namespace) -> None:
+    """``--timing``: each analysis on the demo's round, alternated ``calls`` times in one
+    process (the same load for all), seconds a client: what it would add to a run."""
+    setup = round_of(SETTINGS["demo: 4 x 800, 2 ep, batch 16"], args.pretrain)
+    inputs = []
+    for partition in range(setup.scenario.federation.num_clients):
+        seen = client_round(setup.scenario, partition, setup.sent, setup.config, setup.view)
+        assert seen is not None
+        trained = setup.replay.update_batch(partition, 1, seen[0].replies[0].config)
+        candidates, _ = draw_candidates(
+            trained, setup.pool, args.candidates, setup.bundle.normalization, 0, 1, partition
+        )
+        inputs.append(LeakInput(seen[1], setup.pool.public, candidates))
+    times: dict[str, list[float]] = {name: [] for name in args.analyses}
+    for _ in range(calls):
+        for name in times:
+            runner = resolve(LEAKS, component(name), name).create(device="cpu")
+            started = time.perf_counter()
+            runner.analyse_many(inputs, seed=0)
+            times[name].append((time.perf_counter() - started) / len(inputs))
+    for name, got in times.items():
+        print(
+            f"{name}: {statistics.median(got):.4f} s a client (median of {calls}; "
+            f"{', '.join(f'{t:.4f}' for t in got)}), load {os.getloadavg()[0]:.2f}"
+        )
+
+
 def cell(score: MembershipScore) -> tuple[str, str, str]:
     auc, one, tenth = score.auc, score.tpr_at[0.01], score.tpr_at[0.001]
     return (
@@ -160,8 +191,12 @@ def main() -> None:
     )
     parser.add_argument("--settings", nargs="*", default=None, help="setting labels to run")
     parser.add_argument("--out", default="", help="also write the table to this markdown file")
+    parser.add_argument("--timing", type=int, default=0, help="CALLS: cost on the demo only")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.timing:
+        timing(args.timing, args)
+        return
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
