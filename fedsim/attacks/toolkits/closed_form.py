@@ -201,8 +201,7 @@ def _residual(
     y = F.one_hot(batch[1].to(device).long(), observation.input_spec.num_classes).float()
     if replayed:
         with torch.no_grad():
-            client = (model, names, LocalSchedule.of(observation))
-            simulated = replay_update(client, params, (x, y))
+            simulated = replay_update(model, names, LocalSchedule.of(observation), params, x, y)
     else:
         simulated = batch_gradient(model, params, x, y, names, create_graph=False)
     return relative_residual(simulated, [target[n] for n in names])

@@ -146,20 +146,22 @@ def replay_local_training(
     ``adam_smoothing``: see :func:`~fedsim.attacks.toolkits.replay.replay`. Differentiable
     in ``x`` and ``y`` with ``torch.func`` (works under ``vmap``).
     """
-    client = (problem.model, problem.names, problem.schedule)
-    return replay_update(client, params, (x, y), adam_smoothing)
+    return replay_update(
+        problem.model, problem.names, problem.schedule, params, x, y, adam_smoothing
+    )
 
 
 def replay_update(
-    client: tuple[nn.Module, Sequence[str], LocalSchedule],
+    model: nn.Module,
+    names: Sequence[str],
+    schedule: LocalSchedule,
     params: dict[str, torch.Tensor],
-    batch: tuple[torch.Tensor, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
     adam_smoothing: float = 0.0,
 ) -> list[torch.Tensor]:
     """:func:`replay_local_training` without a :class:`MatchingProblem` (a residual's lone
-    replay): ``client`` is the model, its shared parameters' names and the schedule."""
-    model, names, schedule = client
-    x, y = batch
+    replay): ``model``, its shared parameters' ``names`` and the client's ``schedule``."""
     per_epoch = len(x) > schedule.num_examples
     start = {n: params[n] for n in names}
     fixed = {n: p for n, p in params.items() if n not in start}
