@@ -16,8 +16,28 @@
   path on a gradient probe outside a federation.
 """
 
-from fedsim.audit.auditor import Auditor
-from fedsim.audit.observe import ServerView
-from fedsim.audit.wrapper import AuditedStrategy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedsim.audit.auditor import Auditor
+    from fedsim.audit.observe import ServerView
+    from fedsim.audit.wrapper import AuditedStrategy
 
 __all__ = ["AuditedStrategy", "Auditor", "ServerView"]
+
+# Imported on first use: the audit's Ray workers import fedsim.audit.tasks, which needs
+# none of the scoring and records the auditor brings (2-3 s of imports per worker).
+_EXPORTS = {
+    "Auditor": "fedsim.audit.auditor",
+    "ServerView": "fedsim.audit.observe",
+    "AuditedStrategy": "fedsim.audit.wrapper",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

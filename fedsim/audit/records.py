@@ -22,7 +22,6 @@ from typing import Any
 import pandas as pd
 import torch
 from rich.console import Console
-from torchvision.utils import save_image
 
 from fedsim.attacks.base import Observation, Reconstruction
 from fedsim.attacks.leakage import Leak, MembershipLeak, RepresentativesLeak
@@ -32,7 +31,7 @@ from fedsim.core.components import Resolved
 from fedsim.core.metrics import psnr_from_mse, ssim
 from fedsim.core.protocol import AuditRecord, LeakRecord
 from fedsim.core.truth import GroundTruth
-from fedsim.outputs.figures import Pair, draw_pairs, scored_pairs
+from fedsim.outputs.figures import Pair, draw_pairs, save_tiles, scored_pairs
 from fedsim.outputs.run_folder import (
     AUDIT_FILE,
     AUDIT_IMAGES,
@@ -109,16 +108,16 @@ class AuditLog:
             )
             # Tiles for the report's table: the matched reconstructions alone, the truth once.
             alone = torch.stack([p.reconstruction for p in pairs])
-            save_image(
+            save_tiles(
                 alone, self._image(observation.round, observation.client_id, f"{label}-only")
             )
-            save_image(
+            save_tiles(
                 truth.images.float().clamp(0, 1),
                 image.with_name(truth_image_name(observation.round, observation.client_id)),
-                nrow=len(truth.images),
+                per_row=len(truth.images),
             )
         else:  # nothing to pair with: the reconstructions alone, in one row
-            save_image(rec.images.detach().cpu().clamp(0, 1), image, nrow=len(rec.images))
+            save_tiles(rec.images.detach().cpu().clamp(0, 1), image, per_row=len(rec.images))
         self._append(record)
         scored = (
             f"PSNR {record.psnr:.2f} dB, SSIM {record.ssim:.3f}, labels {record.label_acc:.0%}"

@@ -112,6 +112,20 @@ def pairs_picture(pairs: Sequence[Pair], title: str = "", columns: int = 8) -> I
     return canvas
 
 
+def save_tiles(images: torch.Tensor, path: Path, per_row: int = 8) -> None:
+    """``images`` (N x C x H x W in [0, 1]) at their own size, ``per_row`` a row, 2 pixels
+    apart on black, as a PNG: torchvision's ``save_image``, whose import (its models and
+    ops, ``torch._dynamo``) cost 3 s in every process that imports the audit."""
+    count, _, height, width = images.shape
+    pad, cols = 2, max(1, min(per_row, count))
+    rows = math.ceil(count / cols)
+    canvas = Image.new("RGB", (cols * (width + pad) + pad, rows * (height + pad) + pad), "black")
+    for i, image in enumerate(images):
+        row, col = divmod(i, cols)
+        canvas.paste(_tile(image, height), (pad + col * (width + pad), pad + row * (height + pad)))
+    canvas.save(path, format="PNG")
+
+
 def draw_pairs(path: Path, pairs: Sequence[Pair], title: str = "") -> None:
     """:func:`pairs_picture` saved as a PNG at ``path``."""
     pairs_picture(pairs, title).save(path, format="PNG")

@@ -32,11 +32,10 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from scipy import stats
 from torch import nn
 
 
@@ -200,7 +199,7 @@ def exposures(
             f"a skew-normal fit needs at least 100 reference canaries, got {reference}"
         )
     drawn_ppl = log_perplexity(model, fmt.draw(reference, generator), scored_from).numpy()
-    shape, loc, scale = stats.skewnorm.fit(drawn_ppl)
+    shape, loc, scale = _skewnorm().fit(drawn_ppl)
     return [_extrapolated(p, fmt.space_size, (shape, loc, scale)) for p in canary_ppl]
 
 
@@ -219,6 +218,14 @@ def exposure(
     )[0]
 
 
+def _skewnorm() -> Any:
+    # Imported when used: clients import this module to plant canaries, and scipy.stats
+    # costs each client actor about 1 s.
+    from scipy.stats import skewnorm
+
+    return skewnorm
+
+
 def _exact(canary_ppl: float, sorted_space_ppl: np.ndarray) -> Exposure:
     # The canary is itself in R; the tolerance keeps it from falling out by rounding.
     rank = max(int(np.searchsorted(sorted_space_ppl, canary_ppl + 1e-9, side="right")), 1)
@@ -227,7 +234,7 @@ def _exact(canary_ppl: float, sorted_space_ppl: np.ndarray) -> Exposure:
 
 
 def _extrapolated(canary_ppl: float, size: int, fit: tuple[float, float, float]) -> Exposure:
-    log2_cdf = float(stats.skewnorm.logcdf(canary_ppl, *fit)) / math.log(2)
+    log2_cdf = float(_skewnorm().logcdf(canary_ppl, *fit)) / math.log(2)
     # Rank is at least 1 (the canary itself): exposure never exceeds log2 |R|.
     value = min(-log2_cdf, math.log2(size))
     return Exposure(value, float(2.0 ** (math.log2(size) - value)), "skew-normal")
