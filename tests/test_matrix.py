@@ -104,6 +104,9 @@ class InlineAttacks:
         done.set_result(run_attack(attack, observations, seed, False, None, self.cfg.precision))
         return done
 
+    def warm(self, workers: int) -> None:
+        return None  # no processes to start
+
     def show_progress(self) -> None:
         return None
 

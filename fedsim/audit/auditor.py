@@ -177,7 +177,7 @@ class Auditor:
         self._lock = threading.Lock()
         self._collector: threading.Thread | None = None
         self._closing = threading.Event()
-        self._remote = RemoteAttacks(cfg, console)
+        self.remote = RemoteAttacks(cfg, console)
 
     # -- choosing ----------------------------------------------------------------------
 
@@ -365,7 +365,7 @@ class Auditor:
             self._add_pending(self._driver().submit(on_driver_threads, closed_form), job)
             return
         key = f"audit round {job.round}: {self._label(job)} on {job.clients}"
-        ref = self._remote.submit(job.component, observations, seed, key)
+        ref = self.remote.submit(job.component, observations, seed, key)
         self._add_pending(ref, job)
 
     def _add_pending(self, key: Hashable, job: _Job) -> None:
@@ -389,7 +389,7 @@ class Auditor:
         """Record finished work: the first to finish within ``timeout``, or with
         ``every`` all that finish within it. The async collector and :meth:`finish`
         may both collect: a job is recorded by whichever takes it first."""
-        self._remote.show_progress()
+        self.remote.show_progress()
         with self._lock:
             keys = [k for k, j in self._pending.items() if only_round in (None, j.round)]
         if not keys:

@@ -166,6 +166,13 @@ def public_counts(public: PublicData, classes: int) -> torch.Tensor:
 remote_attack: Any = ray.remote(run_attack)
 
 
+def warm_up() -> None:
+    """Nothing: a task whose process, once started, has imported this module."""
+
+
+remote_warm_up: Any = ray.remote(warm_up)
+
+
 def audit_reservation() -> Any:
     """The running audit's placement group, or ``None`` (no plan made, e.g. in-process tests)."""
     from ray.util import get_placement_group
@@ -209,10 +216,8 @@ class RemoteAttacks:
         self._board: Any = None
         self._lines: dict[str, AttackProgressLines] = {}
 
-    def submit(
-        self, attack: Resolved, observations: Sequence[Observation], seed: int, key: str
-    ) -> Any:
-        """One task running ``attack`` on ``observations``; its Ray object ref."""
+    def _options(self) -> dict[str, Any]:
+        """A task's Ray options in the reservation; the board started on the first call."""
         options: dict[str, Any] = {
             "num_cpus": self.cfg.threads_per_attack,
             "num_gpus": self.cfg.num_gpus,
@@ -225,6 +230,23 @@ class RemoteAttacks:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._reservation)
         if self._board is None:
             self._board = start_board()
+        return options
+
+    def warm(self, workers: int) -> None:
+        """Start the progress board and ``workers`` task processes now, so that their
+        imports (seconds each) overlap the clients' warm-up instead of delaying the
+        first audit; Ray keeps the processes for the attack tasks."""
+        if not workers:
+            return
+        options = self._options()
+        for _ in range(workers):
+            remote_warm_up.options(**options).remote()
+
+    def submit(
+        self, attack: Resolved, observations: Sequence[Observation], seed: int, key: str
+    ) -> Any:
+        """One task running ``attack`` on ``observations``; its Ray object ref."""
+        options = self._options()
         self._lines[key] = AttackProgressLines(self.console, key)
         return remote_attack.options(**options).remote(
             attack,

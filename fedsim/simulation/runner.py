@@ -249,6 +249,13 @@ def serve(
         gpu_if(scenario.backend.num_gpus > 0),
         PlantedCanaries.of(memorisation, bundle.vocabulary) if memorisation.enabled else None,
     )
+    audit = scenario.audit
+    auditor = None
+    if audit.enabled and not (components.audit.empty and audit.canary_clients == 0):
+        auditor = _auditor(components, server, recorder.run_dir, console)
+        # Its task processes start importing while the clients' actors do.
+        plan = components.audit
+        auditor.remote.warm(reserved_workers(audit, (*plan.attacks, *plan.probe_attacks)))
     if phases:
         phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")
     nodes = discover_partitions(
@@ -260,9 +267,7 @@ def serve(
     strategy = build_strategy(components, server)
     evaluate_fn = server.evaluate if components.strategy.cls.global_model else None
     observers: tuple[Auditor, ...] = ()
-    audit = scenario.audit
-    if audit.enabled and not (components.audit.empty and audit.canary_clients == 0):
-        auditor = _auditor(components, server, recorder.run_dir, console)
+    if auditor is not None:
         strategy, observers = AuditedStrategy(strategy, auditor), (auditor,)
     logs = (TensorBoardLog(recorder),) if scenario.log.tensorboard else ()
     # The audit's findings are checkpointed with the recorder's rows (its AuditLog).
