@@ -191,6 +191,7 @@ def test_the_audit_records_the_residual_and_the_batchnorm_mode(tmp_path: Path) -
         [
             "federation.rounds=1",
             "audit.attacks=[{name='ig', steps=3, restarts=1}, {name='dlg', steps=1, restarts=1}]",
+            "audit.leaks=[]",
         ],
     )
     run_scenario(scenario, tmp_path / "run")
