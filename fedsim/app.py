@@ -39,17 +39,10 @@ from fedsim.core import protocol
 from fedsim.core.config import AuditConfig, OutputConfig, Scenario, ScenarioError, require
 from fedsim.core.plugins import use_plugins
 from fedsim.core.scenario_file import load_scenario
-from fedsim.outputs.report import write_run_report
-from fedsim.outputs.results import RunRecorder
-from fedsim.outputs.run_folder import CLIENT_STATE_DIR, new_run_dir, save_model, write_scenario
+from fedsim.outputs.run_folder import CLIENT_STATE_DIR
 from fedsim.scenario.components import client_spec
-from fedsim.scenario.validate import validate
 from fedsim.scenarios import scenario_path, shipped_scenarios
-from fedsim.simulation.flower import quiet_flower, simulated
-from fedsim.simulation.resources import KEEP_IDLE_WORKERS
-from fedsim.simulation.runner import keep_failed_run, serve, write_run_outputs
 from fedsim.strategies import STRATEGIES
-from fedsim.strategies.base import TooFewReplies
 
 
 def scenario_from_run_config(run_config: Mapping[str, object]) -> Scenario:
@@ -80,6 +73,9 @@ def _start_audit_ray(audit: AuditConfig, grid: Grid) -> None:
     """
     import ray
 
+    from fedsim.simulation.flower import simulated
+    from fedsim.simulation.resources import KEEP_IDLE_WORKERS
+
     if audit.enabled and not simulated(grid) and not ray.is_initialized():
         ray.init(
             address="local",
@@ -98,6 +94,17 @@ server_app = ServerApp()
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run the scenario of ``context.run_config`` on ``grid`` and write its run directory."""
+    # The server's modules are imported here, not with this module: every ClientApp
+    # process on the Deployment Engine imports it too, and the audit, the runner and the
+    # report cost it about 3 s a message.
+    from fedsim.outputs.report import write_run_report
+    from fedsim.outputs.results import RunRecorder
+    from fedsim.outputs.run_folder import new_run_dir, save_model, write_scenario
+    from fedsim.scenario.validate import validate
+    from fedsim.simulation.flower import quiet_flower
+    from fedsim.simulation.runner import keep_failed_run, serve, write_run_outputs
+    from fedsim.strategies.base import TooFewReplies
+
     console = Console(soft_wrap=True)
     quiet_flower()
     components = validate(scenario_from_run_config(context.run_config))
