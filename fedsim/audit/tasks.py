@@ -24,6 +24,7 @@ from fedsim.attacks.base import Observation, PublicData, Reconstruction
 from fedsim.attacks.leakage import LabelLeak, Leak, LeakInput
 from fedsim.attacks.toolkits.analytic import AnalyticAttack
 from fedsim.attacks.toolkits.precision import Precision, attack_precision
+from fedsim.audit.progress_board import ProgressBoard
 from fedsim.core.components import Resolved
 from fedsim.core.config import AuditConfig
 from fedsim.core.devices import gpu_if, torch_threads
@@ -60,20 +61,6 @@ def reserved_workers(audit: AuditConfig, attacks: Sequence[Resolved]) -> int:
     task; none without an audit or when every attack runs in the driver."""
     as_tasks = any(not runs_in_driver(attack) for attack in attacks)
     return audit.workers if audit.enabled and as_tasks else 0
-
-
-class ProgressBoard:
-    """A Ray actor (no CPU) collecting progress posts from attack tasks for the driver."""
-
-    def __init__(self) -> None:
-        self._posts: list[tuple[str, int, int, float]] = []
-
-    def post(self, key: str, step: int, total: int, best: float) -> None:
-        self._posts.append((key, step, total, best))
-
-    def take(self) -> list[tuple[str, int, int, float]]:
-        posts, self._posts = self._posts, []
-        return posts
 
 
 def start_board() -> Any:

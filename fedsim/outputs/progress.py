@@ -6,8 +6,9 @@ their own line with an ETA (:class:`fedsim.outputs.results.RunRecorder`).
 
 Attacks report through :attr:`fedsim.attacks.base.Attack.progress` about 20
 times per optimisation; :class:`AttackProgressLines` prints a line at each
-quarter. Audit attacks run in Ray tasks: they post to a :class:`~fedsim.audit.tasks.ProgressBoard`
-actor, which the driver drains while it waits for results.
+quarter. Audit attacks run in Ray tasks: they post to a
+:class:`~fedsim.audit.progress_board.ProgressBoard` actor, which the driver drains while it
+waits for results.
 """
 
 from __future__ import annotations
