@@ -111,6 +111,11 @@ class AuditPlan:
         """Whether it runs no attack and no leak analysis in any round."""
         return not (self.attacks or self.leaks or self.probe_attacks)
 
+    @property
+    def every_attack(self) -> tuple[Resolved, ...]:
+        """The reconstruction attacks of every round, the probe's included."""
+        return (*self.attacks, *self.probe_attacks)
+
 
 def resolve_audit(
     audit: AuditConfig, setting: AttackSetting, notes: list[str] | None = None

@@ -254,8 +254,7 @@ def serve(
     if audit.enabled and not (components.audit.empty and audit.canary_clients == 0):
         auditor = _auditor(components, server, recorder.run_dir, console)
         # Its task processes start importing while the clients' actors do.
-        plan = components.audit
-        auditor.remote.warm(reserved_workers(audit, (*plan.attacks, *plan.probe_attacks)))
+        auditor.remote.warm(reserved_workers(audit, components.audit.every_attack))
     if phases:
         phases(f"waiting for Ray and the {fed.num_clients} clients; warming up the actors")
     nodes = discover_partitions(
@@ -400,7 +399,7 @@ def _run(
         # Before any work: a split that cannot fit is refused here (for a cluster,
         # right after connecting to it), before the run folder exists.
         audit = components.audit
-        workers = reserved_workers(scenario.audit, (*audit.attacks, *audit.probe_attacks))
+        workers = reserved_workers(scenario.audit, audit.every_attack)
         plan = start_ray(scenario.backend, scenario.audit, workers)
         guard.reclaim()
         try:
