@@ -28,6 +28,11 @@ reconstruction, no probe), run alternately ``PAIRS`` times; the wall time of eac
 and the median ratio audited / unaudited::
 
     .venv/bin/python bench/update_leakage.py --overhead 5
+
+``--with NAME ...`` adds a third way: that audit with the named analyses added, and its
+median ratio to the audit without them (what adding them to ``"auto"`` would cost)::
+
+    .venv/bin/python bench/update_leakage.py --overhead 3 --with fedmia
 """
 
 from __future__ import annotations
@@ -42,18 +47,18 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedsim.attacks.base import AttackSetting
+from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.leakage import LEAKS, LeakInput
 from fedsim.audit.candidates import AuditPool, draw_candidates
 from fedsim.audit.leak_scoring import LeakTruth, score_leak
-from fedsim.audit.observe import ServerView, intercept
+from fedsim.audit.observe import InterceptedRound, ServerView, intercept
 from fedsim.clients import CLIENT_ROUTINES
 from fedsim.clients.base import ClientEnv
 from fedsim.clients.defences import train_defended
 from fedsim.clients.replay import ClientReplay
 from fedsim.core.components import resolve
 from fedsim.core.config import ComponentConfig, Scenario, ScenarioError
-from fedsim.core.data import load_dataset
+from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.models import InputSpec
 from fedsim.core.scenario_file import scenario_from_dict
 from fedsim.core.training import client_config_record, train_local
@@ -117,7 +122,48 @@ def sent_model(scenario: Scenario, steps: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+def client_round(
+    scenario: Scenario, partition: int, sent: ArrayRecord, config: ConfigRecord, view: ServerView
+) -> tuple[InterceptedRound, Observation, float] | None:
+    """Client ``partition``'s round-1 training from ``sent`` as a run does it (fedsim's
+    FedAvg routine, the scenario's defences), intercepted and observed as the audit does;
+    with its training's seconds. ``None`` for a client of fewer than 2 examples."""
+    env = ClientEnv.create(client_spec(scenario), partition, RecordDict())
+    if len(env.split.train) < 2:
+        return None
+    started = time.perf_counter()
+    arrays, metrics = train_defended(CLIENT_ROUTINES.get("fedavg")(), env, sent, config)
+    seconds = time.perf_counter() - started
+    with message_context():
+        reply = Message(
+            RecordDict(
+                {
+                    "arrays": arrays,
+                    "metrics": MetricRecord({**metrics, "partition-id": partition}),
+                }
+            ),
+            dst_node_id=0,
+            message_type="train",
+        )
+    intercepted = intercept(1, sent, config, [reply])
+    return intercepted, view.observe(intercepted, intercepted.replies[0], "update"), seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One setting's round 1: its scenario, data, the audit's pool and view, what is sent."""
+
+    scenario: Scenario
+    bundle: DatasetBundle
+    pool: AuditPool
+    view: ServerView
+    sent: ArrayRecord
+    config: ConfigRecord
+    replay: ClientReplay
+
+
+def round_of(change: dict[str, Any], pretrain: int) -> Round:
+    """The setting ``change`` makes of the base, at a model pre-trained ``pretrain`` steps."""
     scenario = scenario_for(change)
     bundle = load_dataset(scenario.data)
     pool = AuditPool.split(bundle.test_images, bundle.test_labels, seed=0)
@@ -127,11 +173,16 @@ def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> lis
         bundle.normalization,
         "fedavg",
     )
-    state = sent_model(scenario, int(change.get("pretrain", args.pretrain)))
-    sent = ArrayRecord(state)
+    sent = ArrayRecord(sent_model(scenario, pretrain))
     config = ConfigRecord({**client_config_record(scenario.client), "server-round": 1})
-    routine = CLIENT_ROUTINES.get("fedavg")()
     replay = ClientReplay(client_spec(scenario), "fedavg", None)
+    return Round(scenario, bundle, pool, view, sent, config, replay)
+
+
+def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    setup = round_of(change, int(change.get("pretrain", args.pretrain)))
+    scenario, bundle, pool, view = setup.scenario, setup.bundle, setup.pool, setup.view
+    sent, config, replay = setup.sent, setup.config, setup.replay
     names = args.analyses or [n for n in LEAKS.names() if LEAKS.get(n).in_auto]
     setting = dataclasses.replace(AttackSetting.of(scenario, None), audited=True)
     analyses = []
@@ -144,23 +195,10 @@ def measure(label: str, change: dict[str, Any], args: argparse.Namespace) -> lis
         analyses.append(analysis)
     scores: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     for partition in range(min(args.clients, scenario.federation.num_clients)):
-        env = ClientEnv.create(client_spec(scenario), partition, RecordDict())
-        if len(env.split.train) < 2:
+        seen = client_round(scenario, partition, sent, config, view)
+        if seen is None:
             continue
-        arrays, metrics = train_defended(routine, env, sent, config)
-        with message_context():
-            reply = Message(
-                RecordDict(
-                    {
-                        "arrays": arrays,
-                        "metrics": MetricRecord({**metrics, "partition-id": partition}),
-                    }
-                ),
-                dst_node_id=0,
-                message_type="train",
-            )
-        intercepted = intercept(1, sent, config, [reply])
-        observation = view.observe(intercepted, intercepted.replies[0], "update")
+        intercepted, observation, _ = seen
         trained = replay.update_batch(partition, 1, intercepted.replies[0].config)
         for analysis in analyses:
             candidates, members, count = None, None, 0
@@ -208,8 +246,9 @@ COLUMNS = {
 }
 
 
-def overhead(pairs: int) -> None:
-    """Alternate the unaudited and the labels-and-membership-audited quickstart."""
+def overhead(pairs: int, extra: list[str] | None = None) -> None:
+    """Alternate the unaudited and the labels-and-membership-audited quickstart (and, with
+    ``extra`` analyses, the same audit with them added: a third way)."""
     import tempfile
     from pathlib import Path
 
@@ -228,6 +267,13 @@ def overhead(pairs: int) -> None:
         "unaudited": ["audit.enabled=false"],
         "labels+membership": ["audit.attacks=[]", f"audit.leaks={leaks}", "audit.probe-rounds=[]"],
     }
+    if extra:
+        more = "[" + ", ".join(f"{{name='{n}'}}" for n in [*names, *extra]) + "]"
+        ways["+" + "+".join(extra)] = [
+            "audit.attacks=[]",
+            f"audit.leaks={more}",
+            "audit.probe-rounds=[]",
+        ]
     walls: dict[str, list[float]] = {way: [] for way in ways}
     quiet = Console(quiet=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -241,6 +287,13 @@ def overhead(pairs: int) -> None:
                 print(
                     f"pair {pair + 1} {way}: {walls[way][-1]:.1f} s (load {os.getloadavg()[0]:.2f})"
                 )
+    if extra:
+        added = walls["+" + "+".join(extra)]
+        plus = [a / b for a, b in zip(added, walls["labels+membership"], strict=True)]
+        print(
+            f"with {', '.join(extra)}: median {statistics.median(added):.1f} s; ratio to the "
+            f"audit without {statistics.median(plus):.3f} ({', '.join(f'{r:.3f}' for r in plus)})"
+        )
     ratios = [a / b for a, b in zip(walls["labels+membership"], walls["unaudited"], strict=True)]
     print(f"analyses: {', '.join(names)}")
     print(
@@ -258,9 +311,10 @@ def main() -> None:
     parser.add_argument("--settings", nargs="*", default=None, help="setting labels to run")
     parser.add_argument("--out", default="", help="also write the table to this markdown file")
     parser.add_argument("--overhead", type=int, default=0, help="PAIRS: the cost in a run")
+    parser.add_argument("--with", dest="extra", nargs="*", default=None, help="--overhead: add")
     args = parser.parse_args()
     if args.overhead:
-        overhead(args.overhead)
+        overhead(args.overhead, args.extra)
         return
     torch.set_num_threads(1)
     print(f"load: {os.getloadavg()[0]:.2f}; one thread; {args.clients} clients a setting")

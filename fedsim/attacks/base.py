@@ -61,6 +61,9 @@ class AttackSetting:
     # The clients' defences, as the scenario lists them: public (Kerckhoffs), read by the
     # defence-aware attacks (:mod:`fedsim.attacks.reconstruction.defence_aware`).
     defences: tuple[ComponentConfig, ...] = ()
+    # Clients sampled per round (``None``: not known), for analyses that read a client
+    # against the round's others (``fedmia``).
+    clients_per_round: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "threat_model", ThreatModel(self.threat_model))
@@ -80,6 +83,7 @@ class AttackSetting:
             audit.probe_batch_size,
             generated_dataset(scenario.data) is None and load_raw(scenario.data).held_out,
             tuple(scenario.defences),
+            scenario.federation.sampled_per_round,
         )
 
 

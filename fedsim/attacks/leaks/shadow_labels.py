@@ -57,10 +57,9 @@ from fedsim.attacks.leakage import LEAKS, LabelLeak, Leak, LeakAnalysis, LeakInp
 from fedsim.attacks.toolkits.closed_form import linear_layers
 from fedsim.attacks.toolkits.gradients import victim_model
 from fedsim.attacks.toolkits.output_layer import check_logit_reader, public_subset
+from fedsim.attacks.toolkits.shadows import per_round, round_rng, shadow_sizes, train_shadow
 from fedsim.core.params.leaks import Link, ShadowLabelsParams
-from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.threat import UPDATES
-from fedsim.core.training import train_local
 
 FEATURES = 4  # bias, row sum, logit shift, softmax of the logit shift
 
@@ -172,17 +171,8 @@ class ShadowLabels(LeakAnalysis):
 
     def analyse_many(self, inputs: Sequence[LeakInput], seed: int = 0) -> list[Leak]:
         """A round's clients: one shadow pool per round (they share the sent model)."""
-        out: list[Leak] = []
-        by_round: dict[int, list[int]] = {}
-        for i, one in enumerate(inputs):
-            by_round.setdefault(one.observation.round, []).append(i)
-        leaks: dict[int, LabelLeak] = {}
-        for indices in by_round.values():
-            group = [inputs[i] for i in indices]
-            for i, leak in zip(indices, self._round(group, seed), strict=True):
-                leaks[i] = leak
-        out.extend(leaks[i] for i in range(len(inputs)))
-        return out
+        leaks: list[Leak] = list(per_round(inputs, lambda group: self._round(group, seed)))
+        return leaks
 
     def _round(self, inputs: Sequence[LeakInput], seed: int) -> list[LabelLeak]:
         start = time.perf_counter()
@@ -275,19 +265,11 @@ class ShadowLabels(LeakAnalysis):
         targets ``(S * K,)`` (shares minus the prior), and the IID shadows' mean features
         (all shadows' where none is IID)."""
         p = self.params
-        rng = np.random.default_rng(
-            [derive_seed(SeedStream.LEAK_ANALYSIS, seed), observation.round]
-        )
+        rng = round_rng(seed, observation.round)
         classes = len(prior)
         iid_at = self._iid_at()
-        quantiles = np.quantile(
-            np.asarray(sizes, dtype=float), (np.arange(p.shadows) + 0.5) / p.shadows
-        )
         rows, targets, made = [], [], []
-        for i in range(p.shadows):
-            size = int(max(1, round(quantiles[i])))
-            if p.max_examples:
-                size = min(size, p.max_examples)
+        for i, size in enumerate(shadow_sizes(sizes, p.shadows, p.max_examples)):
             if i in iid_at:
                 idx = torch.from_numpy(rng.choice(len(public), size, replace=True))
             else:
@@ -295,19 +277,14 @@ class ShadowLabels(LeakAnalysis):
                 draw = rng.multinomial(size, rng.dirichlet(np.full(classes, alpha)))
                 idx = public_subset(public, np.repeat(np.arange(classes), draw), rng)
             labels = public.labels[idx]
-            model = shared.model
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    param.copy_(shared.sent[name])
-            train_local(
-                model,
+            trained = train_shadow(
+                shared.model,
+                shared.sent,
                 public.images[idx].to(self.device),
                 labels.to(self.device),
                 observation.train_config,
                 int(rng.integers(2**31)),
             )
-            model.eval()
-            trained = {n: q.detach().clone() for n, q in model.named_parameters()}
             rows.append(shared.features({**shared.sent, **trained}))
             made.append(size)
             share = torch.bincount(labels.long().cpu(), minlength=classes).double() / size

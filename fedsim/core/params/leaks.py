@@ -97,6 +97,61 @@ class MembershipParams(Bounded):
     chunk: Annotated[int, Ge(1)] = 256
 
 
+Variance = Literal["per-candidate", "global"]
+"""Whose spread a calibrated membership score divides by: each candidate's own over its
+reference models, or one pooled over all candidates (LiRA's choice for few shadows)."""
+
+
+@LEAK_PARAMS.register("fedmia")
+@dataclass(frozen=True)
+class FedMIAParams(Bounded):
+    """``fedmia``'s settings.
+
+    Attributes
+    ----------
+    statistic:
+        ``confidence`` (default): the logit-scaled confidence ``log(p / (1 - p))`` of
+        the true label at an uploaded model (the authors' code reads the logit
+        margin, its close cousin); ``loss``: minus the loss (the paper's loss
+        statistic; the sent model's loss is the same under every client, so this
+        is loss-drop read against the round).
+    variance:
+        ``global`` (default): the spread over the round's other clients pooled over
+        the candidates; ``per-candidate``: each candidate's own (the authors' code).
+        With 3-15 other clients, ``global`` scored AUC 0.005-0.009 higher in each
+        setting of ``bench/membership.py`` (docs/leaks.md).
+    chunk:
+        Candidates per forward pass (memory only).
+    """
+
+    statistic: Literal["confidence", "loss"] = "confidence"
+    variance: Variance = "global"
+    chunk: Annotated[int, Ge(1)] = 256
+
+
+@LEAK_PARAMS.register("lira-offline")
+@dataclass(frozen=True)
+class LiraOfflineParams(Bounded):
+    """``lira-offline``'s settings.
+
+    Attributes
+    ----------
+    shadows:
+        Shadow clients trained per round (shared by the round's clients).
+    variance:
+        ``global`` (default: the paper's advice below 64 shadows) or ``per-candidate``.
+    max_examples:
+        Cap on a shadow client's examples (0: the round's client sizes as they are).
+    chunk:
+        Candidates per forward pass (memory only).
+    """
+
+    shadows: Annotated[int, Ge(2)] = 8
+    variance: Variance = "global"
+    max_examples: Annotated[int, Ge(0)] = 0
+    chunk: Annotated[int, Ge(1)] = 256
+
+
 @LEAK_PARAMS.register("class-representatives")
 @dataclass(frozen=True)
 class RepresentativesParams(Bounded):
