@@ -11,8 +11,8 @@ end, it samples:
   shared between processes count once per process, so it is an upper bound);
 - the Ray object store's bytes in use and objects held (the raylet's store stats);
 - the run folder's bytes, and of those the records (``metrics.csv``,
-  ``clients.csv``, ``audit.csv``, ``verdict.csv`` and the audit's images) and
-  the checkpoint.
+  ``clients.csv``, ``audit.csv``, ``verdict.csv``, ``leaks.csv``,
+  ``membership.csv`` and the audit's images) and the checkpoint.
 
 It prints the samples, then growth per 100 rounds from ``--from-round`` to the
 end, and writes ``bench/results/soak.json``::
@@ -41,6 +41,8 @@ from fedsim.outputs.run_folder import (
     AUDIT_IMAGES,
     CHECKPOINT_DIR,
     CLIENTS_FILE,
+    LEAKS_FILE,
+    MEMBERSHIP_FILE,
     METRICS_FILE,
     VERDICT_FILE,
 )
@@ -48,7 +50,15 @@ from fedsim.outputs.run_folder import (
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "scale-1000.toml"
 PAGE = os.sysconf("SC_PAGE_SIZE")
-RECORDS = (METRICS_FILE, CLIENTS_FILE, AUDIT_FILE, VERDICT_FILE, AUDIT_IMAGES)
+RECORDS = (
+    METRICS_FILE,
+    CLIENTS_FILE,
+    AUDIT_FILE,
+    VERDICT_FILE,
+    LEAKS_FILE,
+    MEMBERSHIP_FILE,
+    AUDIT_IMAGES,
+)
 COLUMNS = ("rss", "store", "folder", "records", "checkpoint")
 
 
