@@ -8,6 +8,7 @@ feature space. The numbers come from :mod:`fedsim.core.leak_metrics`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple, dataclass, replace
 
 import torch
@@ -186,8 +187,16 @@ def _representatives(
         truth.trained.labels,
         truth.features,
     )
+    bar = math.nan, math.nan
+    if leak.prior is not None:
+        public = score_representatives(
+            leak.classes, leak.prior, None, truth.trained.images, truth.trained.labels, None
+        )
+        bar = public.psnr_mean_image, public.ssim_mean_image
     return replace(
         record,
+        representatives_psnr_public=bar[0],
+        representatives_ssim_public=bar[1],
         representatives_psnr=score.psnr_mean_image,
         representatives_ssim=score.ssim_mean_image,
         representatives_psnr_nearest=score.psnr_nearest,

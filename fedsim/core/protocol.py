@@ -413,6 +413,10 @@ class LeakRecord:
     representatives_psnr_nearest: float = math.nan  # to the nearest image of its class
     representatives_ssim_nearest: float = math.nan
     representatives_cosine: float = math.nan  # to the class-mean feature vector
+    # The public bar: the server's public class-mean images of the same classes, scored
+    # to the same class-mean images (what the server knows without the upload).
+    representatives_psnr_public: float = math.nan
+    representatives_ssim_public: float = math.nan
     words_found: int = 0  # tokens the analysis read from the update
     words_true: int = 0  # tokens the client fed its model this round
     words_precision: float = math.nan
