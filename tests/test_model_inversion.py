@@ -9,14 +9,15 @@ import functools
 import numpy as np
 import pytest
 import torch
+from client_updates import embedded_digits as digits
 from client_updates import observed_update
+from client_updates import public_digits as public
 
-from fedsim.attacks.base import AttackSetting, Observation, PublicData
+from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.leakage import LeakInput, RepresentativesLeak
 from fedsim.attacks.leaks.model_inversion import ModelInversion
 from fedsim.attacks.leaks.representatives import ClassRepresentatives
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
-from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.leak_metrics import score_representatives
 from fedsim.core.models import InputSpec, SplitNet, build_model
 from fedsim.core.params.leaks import ModelInversionParams, RepresentativesParams
@@ -26,20 +27,6 @@ SPEC = InputSpec(1, 32, 10)
 MODEL = ModelConfig("lenet5-split")
 DATA = DataConfig(dataset="mnist-embedded", normalize=True)
 ADAM = ClientConfig(local_epochs=2, batch_size=16, optimizer="adam", lr=3e-3)
-
-
-@functools.cache
-def digits() -> DatasetBundle:
-    return load_dataset(DATA)
-
-
-@functools.cache
-def public() -> PublicData:
-    """The server's public half of the held-out digits."""
-    data = digits()
-    order = torch.randperm(len(data.test_labels), generator=torch.Generator().manual_seed(0))
-    half = order[: len(order) // 2]
-    return PublicData(data.test_images[half], data.test_labels[half])
 
 
 @functools.cache
