@@ -71,7 +71,7 @@ TEMPLATES: dict[str, str] = {
 {% if leaks_audited %}
 <section id="audit-leaks">
 <h2>Privacy audit: labels, membership, class representatives, words</h2>
-<p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data.</p>
+<p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data (the server's public class-mean images' beside it: what it knows without the update).</p>
 {{ m.table(leak_rounds, leak_round_columns) }}
 {% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
   "Membership ROC on log axes, the first, a middle and the last audited round (a line per client and analysis; dashed: chance; every score in membership.csv). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
