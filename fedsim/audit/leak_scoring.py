@@ -174,6 +174,7 @@ def _representatives(
     record = replace(
         base,
         representatives=len(leak.classes),
+        representatives_classes=_ids_text(leak.classes),
         representatives_space="pixels" if leak.images is not None else "features",
         converged=leak.converged,
     )

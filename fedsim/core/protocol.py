@@ -413,6 +413,7 @@ class LeakRecord:
     epsilon_empirical_fdp: float = math.nan
     representatives: int = 0
     representatives_space: str = ""  # "pixels" (inverted to images) or "features"
+    representatives_classes: str = ""  # the classes read, ";"-separated
     representatives_psnr: float = math.nan  # to the class-mean image
     representatives_ssim: float = math.nan
     representatives_psnr_nearest: float = math.nan  # to the nearest image of its class

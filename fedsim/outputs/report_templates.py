@@ -78,7 +78,12 @@ TEMPLATES: dict[str, str] = {
 {% if label_histograms %}{{ m.image(label_histograms, "estimated against true label histograms",
   "Examples per class in the last audited round: estimated (bars) against true (outline), each client's strongest label analysis; every round's in leaks.csv.") }}{% endif %}
 {% if representatives %}<h3>Class representatives</h3>
-{% for grid in representatives %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}{% endif %}
+<p>Per round and analysis, a row per client, a column per class its update was read for: the client's class-mean image above the representative, with its PSNR and SSIM to that mean (blank: not read from that client). Every tile is in the run folder's <code>audit/</code>.</p>
+{% for table in representatives %}<table class="recon"><caption>Round {{ table.number }}: {{ table.analysis }}</caption>
+<thead><tr><th class="text">client</th>{% for cls in table.classes %}<th>class {{ cls }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in table.rows %}<tr><td class="text">{{ row.client }}</td>{% for cell in row.cells %}<td>{% if cell.uri %}<img src="{{ cell.uri }}" alt="{{ cell.name }}">{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+{% endfor %}{% endif %}
 {% if word_sets %}<h3>Words</h3>
 <p>The last audited round: the tokens each client's update named (the token-embedding rows its data moved) against the tokens it fed its model; every round's in leaks.csv.</p>
 {{ m.table(word_sets.rows, word_sets.columns) }}{% endif %}

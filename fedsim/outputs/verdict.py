@@ -459,7 +459,7 @@ def leak_verdict_parts(verdict: dict[str, float]) -> list[str]:
     cosine = get(protocol.AUDIT_REPRESENTATIVES_COSINE, math.nan)
     public = get(protocol.AUDIT_REPRESENTATIVES_SSIM_PUBLIC, math.nan)
     if not math.isnan(ssim):
-        bar = "" if math.isnan(public) else f" (public class means {public:.3f})"
+        bar = "" if math.isnan(public) else f", public class means {public:.3f}"
         parts.append(f"representatives SSIM {ssim:.3f}{bar}")
     elif not math.isnan(cosine):
         parts.append(f"representatives feature cosine {cosine:.3f}")
