@@ -69,8 +69,8 @@ def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) ->
 
     assert run["sections"] == RUN_SECTIONS
     # curves; what the updates leak: the ROC curves, the label histograms, the representatives'
-    # table per audited round (one class, one tile: a batch of one image); the verdict, audit curves, then per audited round the truth and
-    # DLG's tile in the reconstruction table
+    # table per audited round (one class, one tile: a batch of one image); the verdict, audit
+    # curves, then per audited round the truth and DLG's tile in the reconstruction table
     alts = [alt for alt, _, _ in run["images"]]
     assert alts[:3] == [
         "accuracy and loss per round",
