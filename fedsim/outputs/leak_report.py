@@ -128,6 +128,14 @@ def labels_figure(leaks: pd.DataFrame) -> Figure | None:
     return fig
 
 
+def class_ids(value: Any) -> list[int]:
+    """A ``;``-separated list of class ids as pandas read it back: a string, or a number
+    where the CSV held one class (empty, NaN, where it held none)."""
+    if isinstance(value, str):
+        return [int(c) for c in value.split(";") if c]
+    return [] if value is None or pd.isna(value) else [int(value)]
+
+
 def representative_tables(run_dir: Path, leaks: pd.DataFrame) -> list[dict[str, Any]]:
     """Per round and analysis in pixels, a row per client and a column per class any
     client's representative was read for; a cell holds the client's class-mean image
@@ -137,8 +145,7 @@ def representative_tables(run_dir: Path, leaks: pd.DataFrame) -> list[dict[str, 
     ]
     read: dict[tuple[int, str], dict[int, list[int]]] = {}
     for row in pictured.to_dict("records"):
-        text = row.get("representatives-classes", "")
-        classes = [int(c) for c in text.split(";")] if isinstance(text, str) and text else []
+        classes = class_ids(row.get("representatives-classes"))
         read.setdefault((int(row["round"]), str(row["analysis"])), {})[int(row["client"])] = classes
     tables = []
     for (server_round, analysis), clients in sorted(read.items()):
