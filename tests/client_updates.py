@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
 
 from fedsim.attacks.base import Observation, PublicData
 from fedsim.audit.observe import ServerView, observe_upload
-from fedsim.core.config import ClientConfig, ModelConfig
-from fedsim.core.data import DatasetBundle
+from fedsim.core.config import ClientConfig, DataConfig, ModelConfig
+from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.models import InputSpec, build_model
 from fedsim.core.training import train_local
 
@@ -53,3 +54,18 @@ def observed_update(
     uploaded = {k: v.detach().clone() for k, v in model.named_parameters()}
     observation = observe_upload(view, sent, uploaded, cfg, num_examples)
     return dataclasses.replace(observation, **fields)
+
+
+@functools.cache
+def embedded_digits() -> DatasetBundle:
+    """The embedded MNIST digits, standardised."""
+    return load_dataset(DataConfig(dataset="mnist-embedded", normalize=True))
+
+
+@functools.cache
+def public_digits() -> PublicData:
+    """The server's public data: a seeded half of the held-out digits."""
+    data = embedded_digits()
+    order = torch.randperm(len(data.test_labels), generator=torch.Generator().manual_seed(0))
+    half = order[: len(order) // 2]
+    return PublicData(data.test_images[half], data.test_labels[half])

@@ -18,9 +18,11 @@ import re
 import numpy as np
 import pytest
 import torch
+from client_updates import embedded_digits as digits
+from client_updates import public_digits as public
 
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.leakage import LEAKS, LeakInput, PublicData
+from fedsim.attacks.leakage import LEAKS, LeakInput
 from fedsim.attacks.leaks.generator_leak import (
     GeneratorRepresentatives,
     GeneratorRepresentativesParams,
@@ -30,7 +32,6 @@ from fedsim.audit.observe import InterceptedReply, InterceptedRound, ServerView
 from fedsim.clients.fedcg import TaskLoss, train_gan
 from fedsim.core import protocol
 from fedsim.core.config import ClientConfig, DataConfig, ModelConfig, ScenarioError
-from fedsim.core.data import DatasetBundle, load_dataset
 from fedsim.core.gan import build_gan_split_net
 from fedsim.core.leak_metrics import RepresentativeScore, score_representatives
 from fedsim.core.models import InputSpec, build_model
@@ -48,20 +49,6 @@ STAGE1 = ClientConfig(local_steps=100, batch_size=10, optimizer="adam", lr=3e-3)
 GAN = dataclasses.replace(STAGE1, local_steps=200)
 ALL = GeneratorRepresentativesParams(classes="all")
 SHARED = protocol.FEDCG_SHARED
-
-
-@functools.cache
-def digits() -> DatasetBundle:
-    return load_dataset(DATA)
-
-
-@functools.cache
-def public() -> PublicData:
-    """The server's public half of the held-out digits."""
-    data = digits()
-    order = torch.randperm(len(data.test_labels), generator=torch.Generator().manual_seed(0))
-    half = order[: len(order) // 2]
-    return PublicData(data.test_images[half], data.test_labels[half])
 
 
 def one_digit_per_class(seed: int) -> torch.Tensor:

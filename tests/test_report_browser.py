@@ -68,9 +68,9 @@ def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) ->
         sweep = _state(page, tmp_path / "sweep" / REPORT_FILE, tmp_path / "sweep-report.png")
 
     assert run["sections"] == RUN_SECTIONS
-    # curves; what the updates leak: the ROC curves, the label histograms, one representatives
-    # grid per audited round; the verdict, audit curves, then per audited round the truth and
-    # DLG's tile in the reconstruction table
+    # curves; what the updates leak: the ROC curves, the label histograms, the representatives'
+    # table per audited round (one class, one tile: a batch of one image); the verdict, audit
+    # curves, then per audited round the truth and DLG's tile in the reconstruction table
     alts = [alt for alt, _, _ in run["images"]]
     assert alts[:3] == [
         "accuracy and loss per round",
@@ -83,7 +83,7 @@ def test_reports_of_a_real_run_and_a_sweep_render_in_chromium(tmp_path: Path) ->
     assert all(width > 0 and height > 0 for _, width, height in run["images"])
     assert run["headings"][0] == "Class representatives"
     assert run["headings"][-3:] == ["Round 1", "Round 2", RESOURCES_FILE]
-    # per round: DLG's labelled grid and its tile, the truth, the representatives' grid
+    # per round: DLG's labelled grid and its tile, the truth, the representative's tile
     assert len(list((run_dir / AUDIT_IMAGES).glob("*.png"))) == 2 * 4
     assert sweep["sections"] == SWEEP_SECTIONS
     assert [alt for alt, width, _ in sweep["images"] if width > 0] == [

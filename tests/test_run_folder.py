@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from fedsim.cli import main
 from fedsim.core.config import OutputConfig, ScenarioError
 from fedsim.core.protocol import AuditRecord
 from fedsim.core.scenario_file import scenario_from_dict
+from fedsim.outputs.leak_report import class_ids
 from fedsim.outputs.results import write_summary
 from fedsim.outputs.run_folder import (
     AUDIT_FILE,
@@ -139,3 +141,12 @@ def test_summary_has_the_true_wall_time_and_the_audit(
     assert verdict < text.index("| attack ")
     assert "54.70" in text[verdict:] and "lower bound" in text[verdict:]
     assert (tmp_path / SUMMARY_FILE).read_text() == text
+
+
+def test_the_classes_a_representatives_row_read_come_back_from_the_csv() -> None:
+    """pandas reads one class back as a number, and a column with empty cells as floats."""
+    mixed = pd.read_csv(io.StringIO('round,representatives-classes\n1,"1;3;5"\n1,6\n1,\n'))
+    single = pd.read_csv(io.StringIO("round,representatives-classes\n1,6\n1,\n"))
+
+    assert [class_ids(v) for v in mixed["representatives-classes"]] == [[1, 3, 5], [6], []]
+    assert [class_ids(v) for v in single["representatives-classes"]] == [[6], []]

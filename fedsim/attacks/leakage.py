@@ -102,6 +102,8 @@ class RepresentativesLeak:
     ``None``; ``features`` ``(m, D)``: what was read before any inversion (the
     input of the layer named in ``details["layer"]``). ``converged``: the
     inversion reproduced the features (always true without an inversion).
+    ``prior``: the public class-mean image of each class (pixel space), the data-free
+    guess scored beside it (set by the audit where the server holds public data).
     """
 
     classes: torch.Tensor
@@ -110,6 +112,7 @@ class RepresentativesLeak:
     converged: bool = True
     seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
+    prior: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,9 @@ class LeakAnalysis(ABC):
     every_client: ClassVar[bool] = True
     # Whether `audit.leaks = "auto"` runs it (an expensive one is opted into by name).
     in_auto: ClassVar[bool] = True
+    # Analyses that "auto" leaves out wherever this one applies (it reads the same kind
+    # better and cheaper there); where it is refused they still run.
+    supersedes: ClassVar[tuple[str, ...]] = ()
     # The threat models whose observations it reads (refused under the others, in one
     # line, by :func:`fedsim.scenario.applicability.check_applies`).
     threat_models: ClassVar[frozenset[ThreatModel]] = ALL_THREAT_MODELS

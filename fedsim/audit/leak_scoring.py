@@ -8,6 +8,7 @@ feature space. The numbers come from :mod:`fedsim.core.leak_metrics`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple, dataclass, replace
 
 import torch
@@ -173,6 +174,7 @@ def _representatives(
     record = replace(
         base,
         representatives=len(leak.classes),
+        representatives_classes=_ids_text(leak.classes),
         representatives_space="pixels" if leak.images is not None else "features",
         converged=leak.converged,
     )
@@ -186,8 +188,16 @@ def _representatives(
         truth.trained.labels,
         truth.features,
     )
+    bar = math.nan, math.nan
+    if leak.prior is not None:
+        public = score_representatives(
+            leak.classes, leak.prior, None, truth.trained.images, truth.trained.labels, None
+        )
+        bar = public.psnr_mean_image, public.ssim_mean_image
     return replace(
         record,
+        representatives_psnr_public=bar[0],
+        representatives_ssim_public=bar[1],
         representatives_psnr=score.psnr_mean_image,
         representatives_ssim=score.ssim_mean_image,
         representatives_psnr_nearest=score.psnr_nearest,

@@ -39,6 +39,7 @@ from fedsim.outputs.run_folder import (
     MEMBERSHIP_FILE,
     VERDICT_FILE,
     audit_image_name,
+    representative_image_name,
     truth_image_name,
     write_csv_atomic,
 )
@@ -187,9 +188,11 @@ class AuditLog:
         truth: LeakTruth | None,
     ) -> None:
         """Each representative under its class's mean image (the mean of the victim's
-        images of that class; a blank where it holds none or the truth is unknown)."""
+        images of that class; a blank where it holds none or the truth is unknown), one
+        PNG per class: the cells of the report's table per round."""
         assert leak.images is not None
-        pairs = []
+        folder = self.run_dir / AUDIT_IMAGES
+        folder.mkdir(exist_ok=True)
         for image, cls in zip(leak.images.detach().cpu(), leak.classes.tolist(), strict=True):
             mean = torch.zeros_like(image)
             if truth is not None and bool((truth.trained.labels == cls).any()):
@@ -197,13 +200,10 @@ class AuditLog:
             shown = image.clamp(0, 1)
             psnr = psnr_from_mse(float((shown - mean).square().mean()))
             similar = ssim(shown.double().numpy(), mean.double().numpy())
-            pairs.append(Pair(mean, shown, psnr, similar, cls, cls))
-        draw_pairs(
-            self._image(observation.round, observation.client_id, label),
-            pairs,
-            f"round {observation.round}, {observation.source}: {label}, "
-            "class mean above representative",
-        )
+            name = representative_image_name(observation.round, observation.client_id, label, cls)
+            draw_pairs(
+                folder / name, [Pair(mean, shown, psnr, similar, cls, cls)], upper="class mean"
+            )
 
     # -- writing and verdicts --------------------------------------------------------
 

@@ -21,8 +21,9 @@ import torch
 from rich.console import Console
 
 from fedsim.attacks.base import Observation, PublicData, Reconstruction
-from fedsim.attacks.leakage import LabelLeak, Leak, LeakInput
+from fedsim.attacks.leakage import LabelLeak, Leak, LeakInput, RepresentativesLeak
 from fedsim.attacks.toolkits.analytic import AnalyticAttack
+from fedsim.attacks.toolkits.output_layer import public_class_means
 from fedsim.attacks.toolkits.precision import Precision, attack_precision
 from fedsim.audit.progress_board import ProgressBoard
 from fedsim.core.components import Resolved
@@ -135,13 +136,21 @@ def run_leak_analysis(
     leaks = analysis.create(device=device).analyse_many(inputs, seed=seed)
     share = (time.perf_counter() - started) / max(1, len(leaks))
     timed = [leak if leak.seconds else replace(leak, seconds=share) for leak in leaks]
-    timed = [
-        replace(leak, prior=public_counts(one.public, len(leak.counts)))
-        if isinstance(leak, LabelLeak) and leak.prior is None
-        else leak
-        for leak, one in zip(timed, inputs, strict=True)
-    ]
-    return timed, DeviceUse(device.type, 0.0, 0.0)
+    primed = [with_prior(leak, one) for leak, one in zip(timed, inputs, strict=True)]
+    return primed, DeviceUse(device.type, 0.0, 0.0)
+
+
+def with_prior(leak: Leak, inputs: LeakInput) -> Leak:
+    """``leak`` with the data-free guess scored beside it, where it has none: the public
+    class mix for labels, the public class-mean images for representatives in pixels."""
+    if isinstance(leak, LabelLeak) and leak.prior is None:
+        return replace(leak, prior=public_counts(inputs.public, len(leak.counts)))
+    if not isinstance(leak, RepresentativesLeak) or leak.prior is not None:
+        return leak
+    if leak.images is not None and len(inputs.public):
+        norm = inputs.observation.normalization
+        return replace(leak, prior=public_class_means(inputs.public, leak.classes, norm))
+    return leak
 
 
 def public_counts(public: PublicData, classes: int) -> torch.Tensor:

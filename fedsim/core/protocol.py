@@ -127,6 +127,9 @@ AUDIT_MEMBERSHIP_AUC_HIGH = "audit-membership-auc-high"
 AUDIT_MEMBERSHIP_TPR = "audit-membership-tpr-1pct"
 AUDIT_REPRESENTATIVES_SSIM = "audit-representatives-ssim"
 AUDIT_REPRESENTATIVES_COSINE = "audit-representatives-cosine"
+# Beside the representatives' SSIM, the public class-mean images' (the bar: what the
+# server knows of the classes without the upload), median over the same clients.
+AUDIT_REPRESENTATIVES_SSIM_PUBLIC = "audit-representatives-ssim-public"
 AUDIT_LEAK_CLIENTS = "audit-leak-clients"
 TEST_PERPLEXITY = "test-perplexity"  # a text model's: exp(test-loss), per predicted token
 # [memorisation]: the wall seconds of measuring every canary's exposure on the global model.
@@ -156,6 +159,7 @@ AUDIT_LEAK_COLUMNS = (
     *(AUDIT_LABEL_TV, AUDIT_LABEL_TV_LOW, AUDIT_LABEL_TV_HIGH, AUDIT_LABEL_TV_UNIFORM),
     *(AUDIT_MEMBERSHIP_AUC, AUDIT_MEMBERSHIP_AUC_LOW, AUDIT_MEMBERSHIP_AUC_HIGH),
     *(AUDIT_MEMBERSHIP_TPR, AUDIT_REPRESENTATIVES_SSIM, AUDIT_REPRESENTATIVES_COSINE),
+    AUDIT_REPRESENTATIVES_SSIM_PUBLIC,
     *(AUDIT_LEAK_CLIENTS, AUDIT_EPSILON_EMPIRICAL, AUDIT_EPSILON_EMPIRICAL_FDP),
     *(AUDIT_WORDS_F1, AUDIT_WORDS_F1_LOW, AUDIT_WORDS_F1_HIGH, AUDIT_WORDS_PRIOR_F1),
     *(AUDIT_COUNTERFACTUAL_PSNR, AUDIT_COUNTERFACTUAL_PSNR_LOW, AUDIT_COUNTERFACTUAL_PSNR_HIGH),
@@ -341,6 +345,7 @@ class VerdictRecord:
     epsilon_empirical: float = float("nan")  # the canary client's: the highest over analyses
     epsilon_empirical_fdp: float = float("nan")  # the same, f-DP (Mahloujifar et al.)
     representatives_ssim: float = float("nan")
+    representatives_ssim_public: float = float("nan")  # its public class means' SSIM
     representatives_cosine: float = float("nan")
     representatives_analysis: str = ""
     words_f1: float = float("nan")  # the best words analysis's F1, beside its frequency prior's
@@ -408,11 +413,16 @@ class LeakRecord:
     epsilon_empirical_fdp: float = math.nan
     representatives: int = 0
     representatives_space: str = ""  # "pixels" (inverted to images) or "features"
+    representatives_classes: str = ""  # the classes read, ";"-separated
     representatives_psnr: float = math.nan  # to the class-mean image
     representatives_ssim: float = math.nan
     representatives_psnr_nearest: float = math.nan  # to the nearest image of its class
     representatives_ssim_nearest: float = math.nan
     representatives_cosine: float = math.nan  # to the class-mean feature vector
+    # The public bar: the server's public class-mean images of the same classes, scored
+    # to the same class-mean images (what the server knows without the upload).
+    representatives_psnr_public: float = math.nan
+    representatives_ssim_public: float = math.nan
     words_found: int = 0  # tokens the analysis read from the update
     words_true: int = 0  # tokens the client fed its model this round
     words_precision: float = math.nan

@@ -75,8 +75,11 @@ def _tile(image: torch.Tensor, side: int) -> Image.Image:
     return picture.resize((width, side), Image.Resampling.NEAREST)
 
 
-def pairs_picture(pairs: Sequence[Pair], title: str = "", columns: int = 8) -> Image.Image:
-    """Each true image above its reconstruction, ``columns`` pairs a row, labelled.
+def pairs_picture(
+    pairs: Sequence[Pair], title: str = "", columns: int = 8, upper: str = "truth"
+) -> Image.Image:
+    """Each true image above its reconstruction, ``columns`` pairs a row, labelled
+    (``upper``: the upper image's caption).
 
     Drawn with Pillow, not matplotlib: the audit draws one per attack and victim
     (every client in every round with ``victims = 0``), and a matplotlib figure
@@ -101,7 +104,7 @@ def pairs_picture(pairs: Sequence[Pair], title: str = "", columns: int = 8) -> I
         band, col = divmod(i, cols)
         x, y = GAP_PX + col * cell_w, top + 2 * band * cell_h
         captions = (
-            "truth" + (f"\nlabel {pair.true_label}" if pair.true_label is not None else ""),
+            upper + (f"\nlabel {pair.true_label}" if pair.true_label is not None else ""),
             f"{pair.psnr:.1f} dB, SSIM {pair.ssim:.2f}"
             + (f"\nlabel {pair.predicted_label}" if pair.predicted_label is not None else ""),
         )
@@ -126,9 +129,9 @@ def save_tiles(images: torch.Tensor, path: Path, per_row: int = 8) -> None:
     canvas.save(path, format="PNG")
 
 
-def draw_pairs(path: Path, pairs: Sequence[Pair], title: str = "") -> None:
+def draw_pairs(path: Path, pairs: Sequence[Pair], title: str = "", upper: str = "truth") -> None:
     """:func:`pairs_picture` saved as a PNG at ``path``."""
-    pairs_picture(pairs, title).save(path, format="PNG")
+    pairs_picture(pairs, title, upper=upper).save(path, format="PNG")
 
 
 def figure_png(fig: Figure, dpi: int = 110) -> bytes:

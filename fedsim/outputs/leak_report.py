@@ -4,7 +4,9 @@
   et al. 2022), one panel per audited round, a line per client and analysis;
 - labels: the estimated against the true class histogram of a round's clients
   (the strongest label analysis on each);
-- class representatives: the drawn grids (class mean above representative);
+- class representatives: one table per round and analysis, a row per client, a
+  column per class read, each cell the client's class-mean image above the
+  representative;
 - reconstructions: one table per round, a row per victim, a column for the
   truth and for each attack, the verdict's cell marked.
 
@@ -28,6 +30,7 @@ from fedsim.outputs.run_folder import (
     AUDIT_IMAGES,
     MEMBERSHIP_FILE,
     audit_image_name,
+    representative_image_name,
     truth_image_name,
 )
 from fedsim.outputs.words_report import word_table
@@ -125,20 +128,41 @@ def labels_figure(leaks: pd.DataFrame) -> Figure | None:
     return fig
 
 
-def representative_grids(run_dir: Path, leaks: pd.DataFrame) -> list[dict[str, str]]:
-    """The drawn class representatives (class mean above representative), per victim."""
-    rows = leaks[
+def class_ids(value: Any) -> list[int]:
+    """A ``;``-separated list of class ids as pandas read it back: a string, or a number
+    where the CSV held one class (empty, NaN, where it held none)."""
+    if isinstance(value, str):
+        return [int(c) for c in value.split(";") if c]
+    return [] if value is None or pd.isna(value) else [int(value)]
+
+
+def representative_tables(run_dir: Path, leaks: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per round and analysis in pixels, a row per client and a column per class any
+    client's representative was read for; a cell holds the client's class-mean image
+    above the representative (blank where that client's update did not read the class)."""
+    pictured = leaks[
         (leaks["kind"] == "representatives") & (leaks["representatives-space"] == "pixels")
     ]
-    grids = []
-    for server_round, client, analysis in zip(
-        rows["round"], rows["client"], rows["analysis"], strict=True
-    ):
-        name = audit_image_name(int(server_round), int(client), str(analysis))
-        path = run_dir / AUDIT_IMAGES / name
-        if path.is_file():
-            grids.append({"name": name, "uri": data_uri(path.read_bytes())})
-    return grids
+    read: dict[tuple[int, str], dict[int, list[int]]] = {}
+    for row in pictured.to_dict("records"):
+        classes = class_ids(row.get("representatives-classes"))
+        read.setdefault((int(row["round"]), str(row["analysis"])), {})[int(row["client"])] = classes
+    tables = []
+    for (server_round, analysis), clients in sorted(read.items()):
+        columns = sorted({c for classes in clients.values() for c in classes})
+        rows = []
+        for client, classes in sorted(clients.items()):
+            cells = []
+            for cls in columns:
+                name = representative_image_name(server_round, client, analysis, cls)
+                path = run_dir / AUDIT_IMAGES / name
+                shown = cls in classes and path.is_file()
+                cells.append({"name": name, "uri": data_uri(path.read_bytes()) if shown else ""})
+            rows.append({"client": str(client), "cells": cells})
+        if columns:
+            table = {"number": server_round, "analysis": analysis, "classes": columns}
+            tables.append({**table, "rows": rows})
+    return tables
 
 
 def reconstruction_tables(run_dir: Path, audit: pd.DataFrame) -> list[dict[str, Any]]:
@@ -188,6 +212,6 @@ def leak_context(run_dir: Path, leaks: pd.DataFrame) -> dict[str, Any]:
     return {
         "roc_curves": data_uri(figure_png(roc_figure(membership))) if not membership.empty else "",
         "label_histograms": data_uri(figure_png(label_fig)) if label_fig is not None else "",
-        "representatives": representative_grids(run_dir, leaks),
+        "representatives": representative_tables(run_dir, leaks),
         "word_sets": word_table(run_dir, leaks),
     }

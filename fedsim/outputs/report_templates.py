@@ -71,14 +71,19 @@ TEMPLATES: dict[str, str] = {
 {% if leaks_audited %}
 <section id="audit-leaks">
 <h2>Privacy audit: labels, membership, class representatives, words</h2>
-<p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data.</p>
+<p>What the server learned from each client's update whatever its size, per round: the median over the round's clients of each client's strongest analysis, with a 95 % bootstrap interval. Labels: total-variation distance between the estimated and the true class proportions of what the client trained on (0 = exact; a uniform guess's beside it). Membership: ROC AUC over candidates the client trained on this round and held-out non-members of the same class mix (0.5 = chance), and the TPR at 1 % FPR. Class representatives: SSIM to the class-mean image of the client's data (the server's public class-mean images' beside it: what it knows without the update).</p>
 {{ m.table(leak_rounds, leak_round_columns) }}
 {% if roc_curves %}{{ m.image(roc_curves, "membership ROC curves",
   "Membership ROC on log axes, the first, a middle and the last audited round (a line per client and analysis; dashed: chance; every score in membership.csv). With n non-member candidates the FPR moves in steps of 1/n.") }}{% endif %}
 {% if label_histograms %}{{ m.image(label_histograms, "estimated against true label histograms",
   "Examples per class in the last audited round: estimated (bars) against true (outline), each client's strongest label analysis; every round's in leaks.csv.") }}{% endif %}
 {% if representatives %}<h3>Class representatives</h3>
-{% for grid in representatives %}{{ m.image(grid.uri, grid.name, grid.name) }}{% endfor %}{% endif %}
+<p>Per round and analysis, a row per client, a column per class its update was read for: the client's class-mean image above the representative, with its PSNR and SSIM to that mean (blank: not read from that client). Every tile is in the run folder's <code>audit/</code>.</p>
+{% for table in representatives %}<table class="recon"><caption>Round {{ table.number }}: {{ table.analysis }}</caption>
+<thead><tr><th class="text">client</th>{% for cls in table.classes %}<th>class {{ cls }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in table.rows %}<tr><td class="text">{{ row.client }}</td>{% for cell in row.cells %}<td>{% if cell.uri %}<img src="{{ cell.uri }}" alt="{{ cell.name }}">{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+{% endfor %}{% endif %}
 {% if word_sets %}<h3>Words</h3>
 <p>The last audited round: the tokens each client's update named (the token-embedding rows its data moved) against the tokens it fed its model; every round's in leaks.csv.</p>
 {{ m.table(word_sets.rows, word_sets.columns) }}{% endif %}

@@ -284,7 +284,9 @@ def audit_summary_lines(run_dir: Path, threshold: float = DEFAULT_SUCCESS_PSNR) 
             "class proportions of what the client trained on (0 = exact; the uniform guess's "
             "beside it). Membership: ROC AUC over candidates it trained on and held-out "
             "non-members of its class mix (0.5 = chance), and the TPR at 1 % FPR. Class "
-            "representatives: SSIM to the class-mean image. Words (text): F1 of the tokens read "
+            "representatives: SSIM to the class-mean image (the server's public class-mean "
+            "images' beside it: what it knows without the update). Words (text): F1 of the "
+            "tokens read "
             "from the embedding update against those the client used (a frequency prior's "
             "beside it). Per client: `verdict.csv`, per analysis: `leaks.csv`.",
             "",

@@ -274,6 +274,12 @@ def audit_image_name(server_round: int, client: int, attack: str) -> str:
     return f"round-{server_round:03d}-client-{client}-{attack}.png"
 
 
+def representative_image_name(server_round: int, client: int, analysis: str, cls: int) -> str:
+    """One class's representative under the client's class-mean image, in
+    :data:`AUDIT_IMAGES` (a cell of the report's representatives table)."""
+    return audit_image_name(server_round, client, f"{analysis}-class-{cls}")
+
+
 def truth_image_name(server_round: int, client: int) -> str:
     """A victim's true batch, in :data:`AUDIT_IMAGES` (the report's reconstruction table)."""
     return f"round-{server_round:03d}-client-{client}.truth.png"

@@ -115,6 +115,7 @@ LEAK_ROUND_COLUMNS = [
     Column("membership-auc-interval", "95 % interval", "text"),
     Column("membership-tpr", "TPR at 1 % FPR (median)"),
     Column("representatives", "representatives SSIM (median)"),
+    Column("representatives-public", "public class means' SSIM"),
     Column("words-f1", "words: F1 (median)"),
     Column("words-prior-f1", "frequency prior's F1"),
 ]
@@ -280,6 +281,9 @@ def leak_verdict_table(verdicts: pd.DataFrame, audit_seed: int) -> VerdictTable:
                 "representatives": number_text(representatives, 3)
                 if not math.isnan(representatives)
                 else f"cosine {number_text(cosine, 3)}",
+                "representatives-public": number_text(
+                    r.get(protocol.AUDIT_REPRESENTATIVES_SSIM_PUBLIC, math.nan), 3
+                ),
                 "words-f1": number_text(r.get(protocol.AUDIT_WORDS_F1, math.nan), 3),
                 "words-prior-f1": number_text(r.get(protocol.AUDIT_WORDS_PRIOR_F1, math.nan), 3),
             }

@@ -179,6 +179,9 @@ def _leak_verdict(leaks: pd.DataFrame) -> dict[str, Any]:
         if analysis:
             out[field_name] = value
             out["representatives_analysis"] = out.get("representatives_analysis") or analysis
+    if out.get("representatives_analysis") and "representatives-ssim-public" in leaks:
+        at = list(names).index(out["representatives_analysis"])
+        out["representatives_ssim_public"] = float(leaks["representatives-ssim-public"].iloc[at])
     return out
 
 
@@ -293,6 +296,10 @@ def _leak_round_verdict(rows: pd.DataFrame, seed: int) -> dict[str, float]:
         protocol.AUDIT_MEMBERSHIP_TPR: _median(rows["membership-tpr-1pct"]),
         protocol.AUDIT_REPRESENTATIVES_SSIM: _median(rows["representatives-ssim"]),
         protocol.AUDIT_REPRESENTATIVES_COSINE: _median(rows["representatives-cosine"]),
+        # A run folder written before the public bar has no column for it.
+        protocol.AUDIT_REPRESENTATIVES_SSIM_PUBLIC: _median(
+            rows.get("representatives-ssim-public", pd.Series(dtype=float))
+        ),
         protocol.AUDIT_LEAK_CLIENTS: float(analysed.sum()),
         protocol.AUDIT_EPSILON_EMPIRICAL: _highest(rows.get("epsilon-empirical")),
         protocol.AUDIT_EPSILON_EMPIRICAL_FDP: _highest(rows.get("epsilon-empirical-fdp")),
@@ -450,8 +457,10 @@ def leak_verdict_parts(verdict: dict[str, float]) -> list[str]:
         parts.append(f"membership AUC {text}, TPR@1%FPR {tpr:.3f}")
     ssim = get(protocol.AUDIT_REPRESENTATIVES_SSIM, math.nan)
     cosine = get(protocol.AUDIT_REPRESENTATIVES_COSINE, math.nan)
+    public = get(protocol.AUDIT_REPRESENTATIVES_SSIM_PUBLIC, math.nan)
     if not math.isnan(ssim):
-        parts.append(f"representatives SSIM {ssim:.3f}")
+        bar = "" if math.isnan(public) else f", public class means {public:.3f}"
+        parts.append(f"representatives SSIM {ssim:.3f}{bar}")
     elif not math.isnan(cosine):
         parts.append(f"representatives feature cosine {cosine:.3f}")
     f1 = get(protocol.AUDIT_WORDS_F1, math.nan)

@@ -183,7 +183,16 @@ def resolve_leaks(
             _checked(LEAKS, leak, f"audit.leaks[{i}]", setting) for i, leak in enumerate(leaks)
         )
     names = [name for name in LEAKS.names() if LEAKS.get(name).in_auto]
-    return _applying(LEAKS, "audit.leaks", {name: {} for name in names}, setting, notes)
+    chosen = _applying(LEAKS, "audit.leaks", {name: {} for name in names}, setting, notes)
+    successor = {old: one.name for one in chosen for old in one.cls.supersedes}
+    if notes is not None:
+        notes.extend(
+            f'audit.leaks = "auto" left out {one.name}: {successor[one.name]} reads the same '
+            "kind here, better and cheaper (docs/leaks.md)"
+            for one in chosen
+            if one.name in successor
+        )
+    return tuple(one for one in chosen if one.name not in successor)
 
 
 def _applying(

@@ -17,7 +17,8 @@ layer (FedAvg, FedProx), inverts all of them at once to images through it with
 the feature inversion of ``analytic-fc``
 (:func:`~fedsim.attacks.toolkits.closed_form.invert_features`). Where the extractor stays
 private (FedSplit, FedCG) it returns the feature vectors only, to be scored in
-feature space. It runs on the audit's victims only (``every_client`` false).
+feature space. It runs on the audit's victims only (``every_client`` false), when
+named (``audit.leaks = "auto"`` runs ``model-inversion`` instead).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 :func:`check_output_layer` refuses a setting whose server never sees the output layer's
 bias; :func:`check_logit_reader` also needs the whole model's update and a held-out
 split, for comparing logits on the server's public data; :func:`public_subset` draws
-public examples with a given class mix.
+public examples with a given class mix, :func:`public_class_means` the public class-mean
+images (a representatives analysis's start, and the bar it must clear).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from fedsim.attacks.base import AttackSetting, PublicData
 from fedsim.attacks.toolkits.closed_form import linear_layers, setting_model, uploaded
 from fedsim.core.config import require
+from fedsim.core.data import Normalization
 
 
 def check_output_layer(setting: AttackSetting, key: str, name: str) -> str:
@@ -31,9 +33,15 @@ def check_output_layer(setting: AttackSetting, key: str, name: str) -> str:
     return prefix
 
 
-def check_logit_reader(setting: AttackSetting, key: str, name: str) -> None:
+def check_logit_reader(
+    setting: AttackSetting,
+    key: str,
+    name: str,
+    public_use: str = "reads the logits' shift on the server's public data",
+) -> None:
     """Refuse, for analysis ``name``, a setting without what reading the logits' shift
-    needs: an uploaded output bias, the whole model's update, a held-out split."""
+    needs: an uploaded output bias, the whole model's update, a held-out split
+    (``public_use``: what ``name`` does with it, for the refusal's line)."""
     check_output_layer(setting, key, name)
     require(
         setting.uploads is None,
@@ -46,7 +54,7 @@ def check_logit_reader(setting: AttackSetting, key: str, name: str) -> None:
         setting.held_out,
         f"{key}.name",
         name,
-        f"reads the logits' shift on the server's public data; dataset "
+        f"{public_use}; dataset "
         f"{setting.data.dataset!r} has no held-out split (generated, or its test images "
         "are its training images)",
     )
@@ -63,3 +71,18 @@ def public_subset(public: PublicData, labels: np.ndarray, rng: np.random.Generat
             raise ValueError(f"the server's public data holds no example of class {cls}")
         chosen.append(rng.choice(own, count, replace=count > len(own)))
     return torch.from_numpy(np.concatenate(chosen))
+
+
+def public_class_means(
+    public: PublicData, classes: torch.Tensor, normalization: Normalization
+) -> torch.Tensor:
+    """The public class-mean image of each of ``classes`` in pixel space [0, 1], ``(m, C,
+    H, W)``: what the server knows of a class without any upload. A class the public data
+    lacks gets the mean of every public image."""
+    pixels = normalization.to_pixels(public.images.cpu()).clamp(0, 1)
+    labels = public.labels.cpu()
+    means = [
+        pixels[labels == c].mean(dim=0) if bool((labels == c).any()) else pixels.mean(dim=0)
+        for c in classes.cpu().tolist()
+    ]
+    return torch.stack(means) if means else pixels[:0]

@@ -169,6 +169,36 @@ class RepresentativesParams(Bounded):
     inversion_lr: Annotated[float, Gt(0)] = 0.2
 
 
+@LEAK_PARAMS.register("model-inversion")
+@dataclass(frozen=True)
+class ModelInversionParams(Bounded):
+    """``model-inversion``'s settings (:mod:`fedsim.attacks.leaks.model_inversion`).
+
+    Attributes
+    ----------
+    steps, lr:
+        Adam steps and learning rate (pixel units) optimising the images, all
+        classes in one batch, from the public class-mean images.
+    differential:
+        Weight of the differential term: the uploaded model's log-probability of
+        the class minus the sent model's (what the client's model believes about
+        the class beyond the global one); 0 inverts the uploaded model alone.
+    prior_weight:
+        Weight of the mean squared distance to the public class-mean image.
+    tv_weight:
+        Weight of the total variation (mean absolute neighbour difference).
+    jitter:
+        Standard deviation of the seeded noise added to the starting images.
+    """
+
+    steps: Annotated[int, Ge(0)] = 100
+    lr: Annotated[float, Gt(0)] = 0.01
+    differential: Annotated[float, Ge(0)] = 1.0
+    prior_weight: Annotated[float, Ge(0)] = 10.0
+    tv_weight: Annotated[float, Ge(0)] = 0.05
+    jitter: Annotated[float, Ge(0)] = 0.0
+
+
 @LEAK_PARAMS.register("generator-representatives")
 @dataclass(frozen=True)
 class GeneratorRepresentativesParams(Bounded):
