@@ -74,13 +74,12 @@ from fedsim.attacks.base import AttackSetting, Observation
 from fedsim.attacks.leakage import (
     LEAKS,
     Candidates,
-    Leak,
     LeakAnalysis,
     LeakInput,
     MembershipLeak,
 )
 from fedsim.attacks.toolkits.gradients import target_gradient, victim_model
-from fedsim.attacks.toolkits.shadows import per_round, round_rng, shadow_sizes, train_shadow
+from fedsim.attacks.toolkits.shadows import RoundAnalysis, round_rng, shadow_sizes, train_shadow
 from fedsim.core.config import require
 from fedsim.core.modality import ANY, IMAGE, Modality
 from fedsim.core.modality import modality as modality_named
@@ -291,28 +290,14 @@ def gaussian_z(target: torch.Tensor, reference: torch.Tensor, variance: Variance
     return (target - mean) / (spread + FLOOR).sqrt()
 
 
-class CalibratedMembership(MembershipAnalysis):
-    """A membership score read against reference models, a round's clients together."""
+class CalibratedMembership(RoundAnalysis[MembershipLeak], MembershipAnalysis):
+    """A membership score read against reference models, a round's clients together
+    (one client alone is a round of one; ``fedmia`` refuses it: it needs the others)."""
 
     threat_models = ONE_UPDATE  # each client's own upload (the round's mean hides it)
     # Written for any modality (the statistic is the modality's loss) but checked on
     # images only: text federations keep loss-drop and gradient-alignment.
     modality: ClassVar[str] = IMAGE
-
-    def analyse(self, inputs: LeakInput, seed: int = 0) -> MembershipLeak:
-        """One client alone (``fedmia`` refuses: it needs the round's others)."""
-        (leak,) = self.analyse_many([inputs], seed)
-        assert isinstance(leak, MembershipLeak)
-        return leak
-
-    def analyse_many(self, inputs: Sequence[LeakInput], seed: int = 0) -> list[Leak]:
-        """A round's clients read together (they share the sent model)."""
-        leaks: list[Leak] = list(per_round(inputs, lambda group: self.read_round(group, seed)))
-        return leaks
-
-    def read_round(self, inputs: Sequence[LeakInput], seed: int) -> list[MembershipLeak]:
-        """One score per candidate for each of one round's clients."""
-        raise NotImplementedError
 
 
 @LEAKS.register("fedmia")

@@ -53,11 +53,11 @@ from scipy.stats import chisquare
 from torch.func import functional_call
 
 from fedsim.attacks.base import AttackSetting, Observation
-from fedsim.attacks.leakage import LEAKS, LabelLeak, Leak, LeakAnalysis, LeakInput, PublicData
+from fedsim.attacks.leakage import LEAKS, LabelLeak, LeakInput, PublicData
 from fedsim.attacks.toolkits.closed_form import linear_layers
 from fedsim.attacks.toolkits.gradients import victim_model
 from fedsim.attacks.toolkits.output_layer import check_logit_reader, public_subset
-from fedsim.attacks.toolkits.shadows import per_round, round_rng, shadow_sizes, train_shadow
+from fedsim.attacks.toolkits.shadows import RoundAnalysis, round_rng, shadow_sizes, train_shadow
 from fedsim.core.params.leaks import Link, ShadowLabelsParams
 from fedsim.core.threat import UPDATES
 
@@ -149,7 +149,7 @@ def uploaded_params(shared: _Round, observation: Observation) -> dict[str, torch
 
 
 @LEAKS.register("shadow-labels")
-class ShadowLabels(LeakAnalysis):
+class ShadowLabels(RoundAnalysis[LabelLeak]):
     """Class counts by a ridge regression fitted on shadow clients' updates."""
 
     Params = ShadowLabelsParams
@@ -163,18 +163,8 @@ class ShadowLabels(LeakAnalysis):
         images from a held-out split."""
         check_logit_reader(setting, key, "shadow-labels")
 
-    def analyse(self, inputs: LeakInput, seed: int = 0) -> LabelLeak:
-        """One client: a shadow pool of its own."""
-        (leak,) = self.analyse_many([inputs], seed)
-        assert isinstance(leak, LabelLeak)
-        return leak
-
-    def analyse_many(self, inputs: Sequence[LeakInput], seed: int = 0) -> list[Leak]:
-        """A round's clients: one shadow pool per round (they share the sent model)."""
-        leaks: list[Leak] = list(per_round(inputs, lambda group: self._round(group, seed)))
-        return leaks
-
-    def _round(self, inputs: Sequence[LeakInput], seed: int) -> list[LabelLeak]:
+    def read_round(self, inputs: Sequence[LeakInput], seed: int) -> list[LabelLeak]:
+        """One shadow pool for the round's clients (one client alone: a pool of its own)."""
         start = time.perf_counter()
         first, public = inputs[0].observation, inputs[0].public
         shared = self._shared(first, public, seed)

@@ -9,39 +9,52 @@ and the calibrated membership scores (:mod:`fedsim.attacks.leaks.membership_refe
   routine (:func:`train_shadow`, at the round's client sizes: :func:`shadow_sizes`), built
   once per round for all of its clients;
 - *the round's other clients*: a leak analysis receives a round's clients in one
-  :meth:`~fedsim.attacks.leakage.LeakAnalysis.analyse_many` call (:func:`per_round`
-  splits a call by round), so each client can be read against the others.
+  :meth:`~fedsim.attacks.leakage.LeakAnalysis.analyse_many` call (a
+  :class:`RoundAnalysis` reads it round by round), so each client can be read against
+  the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
-from fedsim.attacks.leakage import LeakInput
+from fedsim.attacks.leakage import Leak, LeakAnalysis, LeakInput
 from fedsim.core.config import ClientConfig
 from fedsim.core.seeds import SeedStream, derive_seed
 from fedsim.core.training import train_local
 
-T = TypeVar("T")
+L = TypeVar("L", bound=Leak)  # the leak kind an analysis returns
 
 
-def per_round(
-    inputs: Sequence[LeakInput], read: Callable[[Sequence[LeakInput]], Sequence[T]]
-) -> list[T]:
-    """``read`` applied to each round's inputs (those of one sent model) together, the
-    results back in ``inputs``' order."""
-    by_round: dict[int, list[int]] = {}
-    for i, one in enumerate(inputs):
-        by_round.setdefault(one.observation.round, []).append(i)
-    out: dict[int, T] = {}
-    for indices in by_round.values():
-        results = read([inputs[i] for i in indices])
-        out.update(zip(indices, results, strict=True))
-    return [out[i] for i in range(len(inputs))]
+class RoundAnalysis(LeakAnalysis, Generic[L]):
+    """A leak analysis that reads one round's clients together (they share the sent
+    model): :meth:`read_round` gets each round's inputs at once, one client alone is a
+    round of one."""
+
+    def analyse(self, inputs: LeakInput, seed: int = 0) -> L:
+        """One client, read as a round of one."""
+        (leak,) = self.read_round([inputs], seed)
+        return leak
+
+    def analyse_many(self, inputs: Sequence[LeakInput], seed: int = 0) -> list[Leak]:
+        """:meth:`read_round` applied to each round's inputs (those of one sent model)
+        together, the results back in ``inputs``' order."""
+        by_round: dict[int, list[int]] = {}
+        for i, one in enumerate(inputs):
+            by_round.setdefault(one.observation.round, []).append(i)
+        out: dict[int, Leak] = {}
+        for indices in by_round.values():
+            results = self.read_round([inputs[i] for i in indices], seed)
+            out.update(zip(indices, results, strict=True))
+        return [out[i] for i in range(len(inputs))]
+
+    def read_round(self, inputs: Sequence[LeakInput], seed: int) -> Sequence[L]:
+        """One leak for each of one round's clients."""
+        raise NotImplementedError
 
 
 def round_rng(seed: int, server_round: int) -> np.random.Generator:
